@@ -1,0 +1,327 @@
+"""The speculative loop: lookahead, draft, verify, commit, observe. No strategy lives here."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import attrs
+import pluggy
+import torch
+from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel
+
+from ..drafters.base import Drafter
+from ..errors import ConfigError, InputError
+from ..observers.base import Observer
+from ..observers.stats import StatsObserver
+from ..plugins import hookspecs
+from ..policies.base import LookaheadPolicy
+from ..verifiers.base import Verifier
+from .models import CausalLMRunner, context_length, vocab_size
+from .state import DecodeState
+from .types import DecodeOutput, Draft, Step
+
+
+def _default_policy():
+    from ..policies.constant import ConstantLookahead
+
+    return ConstantLookahead()
+
+
+def _default_verifier():
+    from ..verifiers.greedy import GreedyVerifier
+
+    return GreedyVerifier()
+
+
+def _is_a(kind: type, label: str):
+    def check(instance, attribute, value):
+        if not isinstance(value, kind):
+            raise ConfigError(
+                f"{attribute.name} must be a {label} (a subclass of specdec.{kind.__name__}), got {type(value).__name__}"
+            )
+
+    return check
+
+
+def _observers(instance, attribute, value):
+    for observer in value:
+        if not isinstance(observer, Observer):
+            raise ConfigError(f"observers must be specdec Observer instances, got {type(observer).__name__}")
+
+
+def _target_model(instance, attribute, value):
+    if not isinstance(value, PreTrainedModel) or not hasattr(value, "generate"):
+        raise ConfigError(f"target must be a transformers generative model, got {type(value).__name__}")
+    if value.config.is_encoder_decoder:
+        raise ConfigError(
+            f"target {type(value).__name__} is an encoder-decoder model; this decoder runs decoder-only targets"
+        )
+
+
+@attrs.define(eq=False)
+class SpeculativeDecoder:
+    """Decode with a target model, a drafter, a lookahead policy and a verifier.
+
+    ``generate`` returns what ``target.generate`` would (greedy: token for token) plus stats; only
+    the time changes. The components are plugged into a pluggy manager of their own, with any
+    ``observers``, so a third-party component is called exactly like a built-in one.
+    """
+
+    target: PreTrainedModel = attrs.field(validator=_target_model)
+    drafter: Drafter = attrs.field(validator=_is_a(Drafter, "drafter"))
+    policy: LookaheadPolicy = attrs.field(factory=_default_policy, validator=_is_a(LookaheadPolicy, "lookahead policy"))
+    verifier: Verifier = attrs.field(factory=_default_verifier, validator=_is_a(Verifier, "verifier"))
+    observers: list[Observer] = attrs.field(factory=list, converter=list, validator=_observers)
+    _hooks: Any = attrs.field(init=False, repr=False)
+    _stats: StatsObserver = attrs.field(init=False, repr=False)
+    _runner: CausalLMRunner = attrs.field(init=False, repr=False)
+
+    def __attrs_post_init__(self):
+        self.drafter.check_target(self.target)
+        self.target.eval()
+        self._runner = CausalLMRunner(self.target)
+        self._stats = StatsObserver()
+        manager = pluggy.PluginManager(hookspecs.PROJECT)
+        manager.add_hookspecs(hookspecs)
+        for component in [self.drafter, self.policy, self.verifier, self._stats, *self.observers]:
+            if manager.is_registered(component):
+                raise ConfigError(f"{component.plugin_label} is passed twice; give each role its own instance")
+            manager.register(component)
+        for hook, role in [
+            ("specdec_propose", "drafter"),
+            ("specdec_lookahead", "policy"),
+            ("specdec_verify", "verifier"),
+        ]:
+            answering = getattr(manager.hook, hook).get_hookimpls()
+            if len(answering) != 1:
+                names = ", ".join(impl.plugin_name for impl in answering)
+                raise ConfigError(f"exactly one component must answer {hook} (the {role}); got {len(answering)}: {names}")
+        self._hooks = manager.hook
+
+    # --- the request ---------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def generate(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        max_new_tokens: int | None = None,
+        generation_config: GenerationConfig | None = None,
+        generator: torch.Generator | None = None,
+        **kwargs,
+    ) -> DecodeOutput:
+        """Generate up to ``max_new_tokens`` for every row of a left-padded batch.
+
+        Takes the arguments of ``model.generate`` (other generation options as keyword
+        arguments, or a ``generation_config``); ``generator`` makes sampling reproducible.
+        """
+        state = self._prepare(input_ids, attention_mask, max_new_tokens, generation_config, generator, kwargs)
+        hooks = self._hooks
+        hooks.specdec_begin(state=state, target=self.target)
+        target_slots = self._runner.new_cache(state.batch_size)
+        # Buffer positions of each row the target's cache covers (all committed tokens but the last).
+        target_fed_host = torch.zeros(state.batch_size, dtype=torch.long)
+        while state.active:
+            self._iterate(state, target_slots, target_fed_host)
+        new_tokens = int(state.lengths_host.max()) - state.prompt_width
+        sequences = state.sequences[:, : state.prompt_width + new_tokens].clone()
+        output = DecodeOutput(sequences=sequences, stats=self._stats.stats)
+        hooks.specdec_on_finish(state=state, output=output)
+        return output
+
+    def _iterate(self, state: DecodeState, target_slots, target_fed_host: torch.Tensor) -> None:
+        hooks, device = self._hooks, state.device
+        batch = state.active
+
+        # 1. lookahead: the policy's wish, capped so no row drafts past its token budget.
+        wish = hooks.specdec_lookahead(state=state)
+        if wish.shape != (batch,):
+            raise ConfigError(f"{self.policy.plugin_label} returned a lookahead of shape {tuple(wish.shape)}, expected ({batch},)")
+        max_tokens = torch.minimum(wish.clamp(min=0), state.remaining_host() - 1).clamp(min=0)  # [B] CPU
+
+        # 2. draft
+        if int(max_tokens.max()) > 0:
+            draft = hooks.specdec_propose(state=state, max_tokens=max_tokens, keep_drafting=self._keep_drafting(state))
+        else:
+            draft = Draft.empty(batch, device)
+        width = draft.width
+
+        # 3. verify: ONE target forward over [unread committed tokens, d1 .. dK] for every row.
+        catch_up, catch_up_valid = state.committed_since(target_fed_host[state.rows_host])  # [B, W]
+        in_draft = torch.arange(width, device=device)[None, :] < draft.lengths[:, None]  # [B, K]
+        block = torch.cat([catch_up, draft.tokens], dim=1)  # [B, W + K]
+        valid = torch.cat([catch_up_valid, in_draft], dim=1)
+        logits = self._runner.forward(target_slots, block, valid, logits_to_keep=width + 1)  # [B, K + 1, V]
+        state.target_calls += 1
+        scores = state.process(logits.float(), draft.tokens)  # fp32, as model.generate scores
+        verdict = hooks.specdec_verify(state=state, draft=draft, scores=scores)
+
+        # 4. commit: accepted drafts plus the verifier's token, cut at eos and at the length budget.
+        accepted = verdict.accepted  # [B]
+        appended = torch.cat([draft.tokens, verdict.next_token[:, None]], dim=1)  # [B, K + 1]
+        appended.scatter_(1, accepted[:, None], verdict.next_token[:, None])
+        position = torch.arange(width + 1, device=device)[None, :]
+        count = accepted + 1
+        is_eos = torch.isin(appended, state.eos_token_ids) & (position < count[:, None])
+        count = torch.where(is_eos.any(1), is_eos.long().argmax(1) + 1, count)
+        lengths = state.lengths[state.rows]
+        remaining = state.prompt_width + state.max_new_tokens - lengths
+        count = torch.minimum(count, remaining)
+        finished = (count == remaining) | (is_eos & (position < count[:, None])).any(1)
+        trash = state.sequences.shape[1] - 1
+        write_at = torch.where(position < count[:, None], lengths[:, None] + position, trash)
+        state.sequences[state.rows[:, None], write_at] = appended
+        state.lengths[state.rows] = lengths + count
+
+        # The iteration's one device sync.
+        accepted_host, count_host, finished_host, drafted_host = (
+            torch.stack([accepted, count, finished.long(), draft.lengths]).cpu().unbind(0)
+        )
+        finished_host = finished_host.bool()
+        rows_host = state.rows_host
+        state.lengths_host[rows_host] += count_host
+        target_fed_host[rows_host] = state.lengths_host[rows_host] - 1
+        target_slots.drop_tail(
+            block.shape[1],
+            keep_columns=catch_up.shape[1] + accepted,
+            widest=int((target_fed_host - state.padding_host)[rows_host].max()),
+        )
+        state.last_target_probs = verdict.target_probs
+
+        # 5. observe
+        step = Step(
+            iteration=state.iteration,
+            rows_host=rows_host,
+            draft=draft,
+            verdict=verdict,
+            drafted_host=drafted_host,
+            accepted_host=accepted_host,
+            appended_host=count_host,
+            finished_host=finished_host,
+            appended_tokens=appended,
+        )
+        hooks.specdec_on_step(state=state, step=step)
+        state.iteration += 1
+
+        # Finished rows leave the batch.
+        if bool(finished_host.any()):
+            keep_host = (~finished_host).nonzero().flatten()
+            keep = keep_host.to(device, non_blocking=True)
+            state.rows = state.rows[keep]
+            state.rows_host = rows_host[keep_host]
+            if state.last_target_probs is not None:
+                state.last_target_probs = state.last_target_probs[keep]
+            if state.active:
+                target_slots.select_rows(
+                    keep, widest=int((target_fed_host - state.padding_host)[state.rows_host].max())
+                )
+                self._runner.select_rows(keep)
+                hooks.specdec_select_rows(state=state, keep=keep, keep_host=keep_host)
+
+    def _keep_drafting(self, state):
+        hook = self._hooks.specdec_continue_drafting
+
+        def keep_drafting(position, tokens, token_probs=None, probs=None):
+            return hook(state=state, position=position, tokens=tokens, token_probs=token_probs, probs=probs)
+
+        return keep_drafting
+
+    # --- input checks ----------------------------------------------------------------------------
+
+    def _prepare(self, input_ids, attention_mask, max_new_tokens, generation_config, generator, kwargs) -> DecodeState:
+        target = self.target
+        device = target.device
+        if not isinstance(input_ids, torch.Tensor):
+            raise InputError(f"input_ids must be a torch.Tensor of token ids, got {type(input_ids).__name__}")
+        if input_ids.dim() != 2:
+            raise InputError(f"input_ids must be 2-D [batch, length], got shape {tuple(input_ids.shape)}")
+        if input_ids.dtype not in (torch.long, torch.int, torch.int32, torch.int64, torch.int16):
+            raise InputError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}")
+        batch_size, width = input_ids.shape
+        if batch_size == 0:
+            raise InputError("input_ids holds no rows")
+        if width == 0:
+            raise InputError("empty prompt: input_ids has no tokens; give every row at least one token")
+        input_ids = input_ids.to(device=device, dtype=torch.long)
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != input_ids.shape:
+            shape = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else type(attention_mask).__name__
+            raise InputError(f"attention_mask must have the shape of input_ids {tuple(input_ids.shape)}, got {shape}")
+        mask = attention_mask.to(device=device).bool()
+        mask_host = mask.cpu()
+        real = mask_host.sum(1)
+        if bool((real == 0).any()):
+            rows = (real == 0).nonzero().flatten().tolist()
+            raise InputError(f"empty prompt: row(s) {rows} have no tokens (attention_mask is all zeros)")
+        # Left padding only: once a row's real tokens start, they run to the end.
+        if bool((mask_host.long().diff(dim=1) < 0).any()):
+            raise InputError(
+                "right padding is not supported for decoder-only models: pad on the left "
+                "(tokenizer.padding_side = 'left')"
+            )
+        vocab = vocab_size(target)
+        lowest, highest = int(input_ids[mask].min()), int(input_ids[mask].max())
+        if lowest < 0 or highest >= vocab:
+            raise InputError(f"input_ids hold token id {highest if highest >= vocab else lowest}, outside the target's vocabulary of {vocab}")
+
+        config = copy.deepcopy(generation_config if generation_config is not None else target.generation_config)
+        unused = config.update(**kwargs)
+        if unused:
+            raise InputError(f"unknown generation option(s): {', '.join(sorted(unused))}")
+        if max_new_tokens is not None:
+            config.max_new_tokens = max_new_tokens
+        if config.max_new_tokens is None:
+            config.max_new_tokens = (config.max_length or 20) - width
+        max_new = config.max_new_tokens
+        if not isinstance(max_new, int) or max_new < 1:
+            raise InputError(f"max_new_tokens must be a positive integer, got {max_new!r}")
+        context = context_length(target)
+        longest = int(real.max())
+        if context is not None and longest > context:
+            raise InputError(f"prompt of {longest} tokens is longer than the target's context of {context} tokens")
+        if context is not None and longest + max_new > context:
+            raise InputError(
+                f"prompt of {longest} tokens plus max_new_tokens={max_new} exceeds the target's context of "
+                f"{context} tokens; shorten the prompt or lower max_new_tokens"
+            )
+        if getattr(config, "num_beams", 1) not in (None, 1):
+            raise ConfigError("beam search is not speculative decoding: num_beams must be 1")
+        self.verifier.check_generation_config(config)
+
+        eos = config.eos_token_id
+        eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        pad = config.pad_token_id if config.pad_token_id is not None else (eos[0] if eos else 0)
+        processors = target._get_logits_processor(
+            generation_config=config,
+            input_ids_seq_length=width,
+            encoder_input_ids=input_ids,
+            prefix_allowed_tokens_fn=None,
+            logits_processor=LogitsProcessorList(),
+            device=device,
+            model_kwargs={"attention_mask": attention_mask},
+        )
+
+        total = width + max_new
+        sequences = torch.full((batch_size, total + 1), pad, dtype=torch.long, device=device)
+        sequences[:, :width] = input_ids
+        token_mask = torch.ones(batch_size, total + 1, dtype=torch.bool, device=device)
+        token_mask[:, :width] = mask
+        return DecodeState(
+            generation_config=config,
+            processors=processors,
+            sequences=sequences,
+            token_mask=token_mask,
+            lengths=torch.full((batch_size,), width, dtype=torch.long, device=device),
+            lengths_host=torch.full((batch_size,), width, dtype=torch.long),
+            padding_host=width - real,
+            prompt_width=width,
+            max_new_tokens=max_new,
+            eos_token_ids=torch.tensor(eos, dtype=torch.long, device=device),
+            pad_token_id=pad,
+            rows=torch.arange(batch_size, device=device),
+            rows_host=torch.arange(batch_size),
+            generator=generator,
+            do_sample=bool(config.do_sample),
+        )

@@ -1,0 +1,104 @@
+"""Per-request state: the committed tokens of every row and which rows are still decoding."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import torch
+from transformers import GenerationConfig, LogitsProcessorList
+
+
+@attrs.define(eq=False)
+class DecodeState:
+    """Everything about one ``generate`` call that drafters, policies and verifiers may read.
+
+    Rows are addressed two ways: *original* row ids (0..batch_size-1, fixed for the whole call,
+    what ``rows`` holds) and *active* positions (0..len(rows)-1, the batch the models see this
+    iteration). Per-row state that must survive rows leaving the batch is best kept indexed by
+    original id: ``my_state[state.rows]`` is then always the active view.
+
+    ``sequences[r, :lengths[r]]`` holds row r's prompt (left-padded exactly as given) followed by
+    what it has committed; ``token_mask`` marks the real tokens (False over prompt padding).
+    ``lengths_host`` is the host copy of ``lengths``, refreshed by the loop's one sync per iteration.
+    """
+
+    generation_config: GenerationConfig
+    processors: LogitsProcessorList
+    sequences: torch.Tensor  # [R, T + 1] long; the last column takes writes nobody reads
+    token_mask: torch.Tensor  # [R, T + 1] bool
+    lengths: torch.Tensor  # [R] long
+    lengths_host: torch.Tensor  # [R] long, CPU
+    padding_host: torch.Tensor  # [R] long, CPU: left padding of each prompt
+    prompt_width: int
+    max_new_tokens: int
+    eos_token_ids: torch.Tensor  # [E] long
+    pad_token_id: int
+    rows: torch.Tensor  # [B] long, original ids of the active rows
+    rows_host: torch.Tensor  # [B] long, CPU
+    generator: torch.Generator | None = None
+    model_inputs: dict[str, Any] = attrs.Factory(dict)
+    iteration: int = 0
+    target_calls: int = 0
+    draft_calls: int = 0
+    last_target_probs: torch.Tensor | None = None  # [B] float32: target's p of each row's last token
+    do_sample: bool = False
+
+    @property
+    def batch_size(self) -> int:
+        """Rows in the request, finished or not."""
+        return self.sequences.shape[0]
+
+    @property
+    def active(self) -> int:
+        """Rows still decoding."""
+        return self.rows_host.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.sequences.device
+
+    def remaining_host(self) -> torch.Tensor:
+        """[B] on the host: how many tokens each active row may still commit."""
+        return self.prompt_width + self.max_new_tokens - self.lengths_host[self.rows_host]
+
+    def committed_since(self, fed_host: torch.Tensor):
+        """The committed tokens a model has not read yet, as one right-aligned ragged block.
+
+        ``fed_host[b]`` (CPU) is how many buffer positions of active row b the model's cache
+        already covers (prompt padding included).
+        Returns ``(input_ids [B, W], valid [B, W])`` with each row's unread tokens at the right end,
+        so ``logits[:, -1]`` is every row's next-token distribution; columns to their left, and
+        prompt padding, are holes. W is the largest backlog, known on the host without a sync.
+        """
+        lengths_host = self.lengths_host[self.rows_host]
+        width = int((lengths_host - fed_host).max())
+        lengths = self.lengths[self.rows]
+        fed = fed_host.to(self.device, non_blocking=True)
+        index = lengths[:, None] - width + torch.arange(width, device=self.device)[None, :]  # [B, W]
+        inside = index >= fed[:, None]
+        index = index.clamp(min=0)
+        input_ids = self.sequences[self.rows].gather(1, index)
+        valid = inside & self.token_mask[self.rows].gather(1, index)
+        return input_ids, valid
+
+    def process(self, scores: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
+        """Apply the generation config's logits processors to a block of next-token scores.
+
+        ``scores[:, j]`` ([B, n, V], float32) is the distribution after each row's committed tokens
+        followed by ``block[:, :j]`` (the drafts before it). Processors see exactly the ``input_ids``
+        that ``model.generate`` would show them at that point. Rows of different lengths are
+        processed in groups of equal length; with no processors this is free.
+        """
+        if not self.processors:
+            return scores
+        lengths_host = self.lengths_host[self.rows_host]
+        sequences = self.sequences[self.rows]
+        for length in lengths_host.unique().tolist():
+            group_host = (lengths_host == length).nonzero().flatten()
+            group = group_host.to(self.device)
+            prefix = sequences[group, :length]
+            for j in range(scores.shape[1]):
+                input_ids = torch.cat([prefix, block[group, :j]], dim=1)
+                scores[group, j] = self.processors(input_ids, scores[group, j])
+        return scores

@@ -1,0 +1,116 @@
+"""The data the loop hands between its phases and to plugins."""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+
+@attrs.frozen
+class Draft:
+    """What a drafter proposes for the active rows of one iteration.
+
+    ``tokens[b, :lengths[b]]`` are row b's drafts; columns past its length are padding that nobody
+    reads. ``probs`` are the draft's distributions q over the vocabulary (fp32) when it has them
+    (a model does; an n-gram lookup does not, and its q is one-hot); rejection sampling needs them.
+    ``token_probs[b, j]`` is q of the drafted token itself, for confidence-driven policies.
+    """
+
+    tokens: torch.Tensor  # [B, K] long
+    lengths: torch.Tensor  # [B] long, 0 <= lengths <= K
+    probs: torch.Tensor | None = None  # [B, K, V] float32
+    token_probs: torch.Tensor | None = None  # [B, K] float32
+
+    @property
+    def width(self) -> int:
+        return self.tokens.shape[1]
+
+    @classmethod
+    def empty(cls, batch_size: int, device: torch.device) -> Draft:
+        """No drafts at all: the iteration is a plain target step for every row."""
+        return cls(
+            tokens=torch.zeros(batch_size, 0, dtype=torch.long, device=device),
+            lengths=torch.zeros(batch_size, dtype=torch.long, device=device),
+        )
+
+
+@attrs.frozen
+class Verdict:
+    """The verifier's answer per row: how many drafts it keeps and the one token it appends after them.
+
+    ``next_token`` is the correction at the first rejected position, or the bonus token when every
+    draft was accepted. ``target_probs`` is the target's probability of ``next_token`` (fp32), which
+    target-confidence policies read at the next lookahead.
+    """
+
+    accepted: torch.Tensor  # [B] long
+    next_token: torch.Tensor  # [B] long
+    target_probs: torch.Tensor | None = None  # [B] float32
+
+
+@attrs.frozen
+class Step:
+    """One finished iteration, as observers and policies see it.
+
+    The ``*_host`` fields are CPU tensors from the iteration's single device sync, so observers can
+    count without forcing another one. ``rows_host`` are the original batch indices of the rows that
+    took part, in the order of every other per-row field.
+    """
+
+    iteration: int
+    rows_host: torch.Tensor  # [B] long, original row ids
+    draft: Draft
+    verdict: Verdict
+    drafted_host: torch.Tensor  # [B] long
+    accepted_host: torch.Tensor  # [B] long
+    appended_host: torch.Tensor  # [B] long, tokens committed this step (after eos / length cuts)
+    finished_host: torch.Tensor  # [B] bool
+    appended_tokens: torch.Tensor  # [B, K + 1] long; row b's first appended_host[b] are real
+
+
+@attrs.define
+class DecodeStats:
+    """Counts over one ``generate`` call.
+
+    ``mean_accepted_length`` is the tokens a row gains per verification step (accepted drafts plus
+    the one token the target always adds), the figure speculative-decoding papers call tau.
+    """
+
+    rows: int = 0
+    new_tokens: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    iterations: int = 0
+    row_steps: int = 0
+    target_calls: int = 0
+    draft_calls: int = 0
+    wall_time_s: float = 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        return self.new_tokens / self.row_steps if self.row_steps else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.wall_time_s if self.wall_time_s else 0.0
+
+    def as_dict(self) -> dict:
+        out = attrs.asdict(self)
+        out.update(
+            acceptance_rate=self.acceptance_rate,
+            mean_accepted_length=self.mean_accepted_length,
+            tokens_per_second=self.tokens_per_second,
+        )
+        return out
+
+
+@attrs.frozen
+class DecodeOutput:
+    """What ``SpeculativeDecoder.generate`` returns: ``sequences`` as ``model.generate`` would, plus stats."""
+
+    sequences: torch.Tensor  # [B, prompt + new] long
+    stats: DecodeStats

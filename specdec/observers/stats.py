@@ -1,0 +1,44 @@
+"""``stats``: counts drafted and accepted tokens, calls and time into ``DecodeOutput.stats``.
+
+The decoder always runs one, so every ``generate`` reports its numbers.
+"""
+
+from __future__ import annotations
+
+import time
+
+import attrs
+
+from ..core.types import DecodeStats
+from ..plugins.hookspecs import hookimpl
+from .base import Observer
+
+
+@attrs.define(eq=False)
+class StatsObserver(Observer):
+    name = "stats"
+
+    stats: DecodeStats = attrs.field(factory=DecodeStats, init=False)
+    _started: float = attrs.field(default=0.0, init=False, repr=False)
+
+    def begin(self, state, target) -> None:
+        self.stats = DecodeStats(rows=state.batch_size)
+        self._started = time.perf_counter()
+
+    def on_step(self, state, step) -> None:
+        stats = self.stats
+        stats.iterations += 1
+        stats.row_steps += int(step.rows_host.numel())
+        stats.drafted += int(step.drafted_host.sum())
+        stats.accepted += int(step.accepted_host.sum())
+        stats.new_tokens += int(step.appended_host.sum())
+
+    def on_finish(self, state, output) -> None:
+        self.stats.target_calls = state.target_calls
+        self.stats.draft_calls = state.draft_calls
+        self.stats.wall_time_s = time.perf_counter() - self._started
+
+
+@hookimpl
+def specdec_register(registry):
+    registry.register_observer("stats", StatsObserver)

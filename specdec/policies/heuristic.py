@@ -1,0 +1,56 @@
+"""``heuristic``: Transformers' assisted-generation schedule, per row.
+
+Each row starts at ``initial`` tokens; after a draft the target accepted in full it drafts
+``increase`` more next time, otherwise ``decrease`` fewer (never below ``min_tokens``). Unlike
+Transformers, which keeps one number for its single row, every row keeps its own.
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from ..plugins.hookspecs import hookimpl
+from .base import LookaheadPolicy
+from .constant import non_negative
+
+
+def _at_least_one(instance, attribute, value):
+    if value < 1:
+        raise ValueError(f"{attribute.name} must be at least 1, got {value}")
+
+
+def _not_below_min(instance, attribute, value):
+    if value < instance.min_tokens:
+        raise ValueError(f"max_tokens ({value}) must not be below min_tokens ({instance.min_tokens})")
+
+
+@attrs.define(eq=False)
+class HeuristicLookahead(LookaheadPolicy):
+    name = "heuristic"
+
+    initial: int = attrs.field(default=5, validator=[attrs.validators.instance_of(int), _at_least_one])
+    increase: int = attrs.field(default=2, validator=[attrs.validators.instance_of(int), non_negative])
+    decrease: int = attrs.field(default=1, validator=[attrs.validators.instance_of(int), non_negative])
+    min_tokens: int = attrs.field(default=1, validator=[attrs.validators.instance_of(int), _at_least_one])
+    max_tokens: int = attrs.field(default=32, validator=[attrs.validators.instance_of(int), _not_below_min])
+    _k: torch.Tensor | None = attrs.field(default=None, init=False, repr=False)
+
+    def begin(self, state, target) -> None:
+        self._k = torch.full((state.batch_size,), self.initial, dtype=torch.long)  # by original row
+
+    def lookahead(self, state) -> torch.Tensor:
+        return self._k[state.rows_host]
+
+    def on_step(self, state, step) -> None:
+        rows = step.rows_host
+        drafted, accepted = step.drafted_host, step.accepted_host
+        all_accepted = (drafted > 0) & (accepted == drafted)
+        k = self._k[rows]
+        k = torch.where(all_accepted, k + self.increase, torch.where(drafted > 0, k - self.decrease, k))
+        self._k[rows] = k.clamp(self.min_tokens, self.max_tokens)
+
+
+@hookimpl
+def specdec_register(registry):
+    registry.register_policy("heuristic", HeuristicLookahead)

@@ -1,0 +1,42 @@
+"""``greedy``: keep drafts while they equal the target's argmax; append the target's own next token.
+
+The output is the target's greedy output, token for token, whatever the drafter proposed.
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from ..core.types import Draft, Verdict
+from ..errors import ConfigError
+from ..plugins.hookspecs import hookimpl
+from .base import Verifier
+
+
+@attrs.define(eq=False)
+class GreedyVerifier(Verifier):
+    name = "greedy"
+
+    def check_generation_config(self, generation_config) -> None:
+        if generation_config.do_sample:
+            raise ConfigError(
+                "verifier 'greedy' cannot sample (do_sample=True); use verifier 'rejection', "
+                "or set do_sample=False / temperature = 0"
+            )
+
+    def verify(self, state, draft: Draft, scores: torch.Tensor) -> Verdict:
+        target_tokens = scores.argmax(-1)  # [B, K + 1]
+        width = draft.width
+        in_draft = torch.arange(width, device=scores.device)[None, :] < draft.lengths[:, None]  # [B, K]
+        agree = (draft.tokens == target_tokens[:, :width]) & in_draft
+        accepted = agree.long().cumprod(1).sum(1)  # [B]: length of the agreeing prefix
+        next_token = target_tokens.gather(1, accepted[:, None])[:, 0]  # [B]
+        at_next = scores.gather(1, accepted[:, None, None].expand(-1, 1, scores.shape[-1]))[:, 0]  # [B, V]
+        target_probs = torch.softmax(at_next, dim=-1).gather(1, next_token[:, None])[:, 0]
+        return Verdict(accepted=accepted, next_token=next_token, target_probs=target_probs)
+
+
+@hookimpl
+def specdec_register(registry):
+    registry.register_verifier("greedy", GreedyVerifier)
