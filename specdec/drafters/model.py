@@ -21,33 +21,34 @@ from ..plugins.hookspecs import hookimpl
 from .base import Drafter
 
 
-def load_causal_lm(model: PreTrainedModel | str | Path) -> PreTrainedModel:
-    """Accept a loaded model, or a local path / hub id to load one from."""
-    if isinstance(model, PreTrainedModel):
-        return model
-    if isinstance(model, (str, Path)):
-        path = Path(model).expanduser()
-        if not path.exists() and (str(model).startswith((".", "/", "~")) or path.suffix):
-            raise ConfigError(f"drafter 'model': model path {str(model)!r} does not exist")
-        try:
-            return AutoModelForCausalLM.from_pretrained(str(path if path.exists() else model)).eval()
-        except OSError as exc:
-            raise ConfigError(f"drafter 'model': cannot load model {str(model)!r}: {exc}") from exc
-    raise ConfigError(
-        f"drafter 'model': 'model' must be a transformers PreTrainedModel or a path, got {type(model).__name__}"
-    )
+def load_pretrained(auto_class, model: str | Path, *, dtype: torch.dtype | str | None, who: str):
+    """Load a model from a local path (or a hub id, when the network allows), naming ``who`` wants it."""
+    path = Path(model).expanduser()
+    if not path.exists() and (str(model).startswith((".", "/", "~")) or path.suffix or len(path.parts) != 2):
+        raise ConfigError(f"{who}: model path {str(model)!r} does not exist")
+    try:
+        return auto_class.from_pretrained(str(path if path.exists() else model), dtype=dtype).eval()
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{who}: cannot load model {str(model)!r}: {exc}") from exc
+
+
+def _model_or_path(instance, attribute, value):
+    if not isinstance(value, (PreTrainedModel, str, Path)):
+        raise ConfigError(
+            f"drafter 'model': 'model' must be a transformers PreTrainedModel or a path, got {type(value).__name__}"
+        )
 
 
 @attrs.define(eq=False)
 class ModelDrafter(Drafter):
     """Draft with a small causal LM that shares the target's tokenizer.
 
-    ``model``: the draft model, or a path to load it from.
+    ``model``: the draft model, or a path to load it from (in the target's dtype, on its device).
     """
 
     name = "model"
 
-    model: PreTrainedModel = attrs.field(converter=load_causal_lm)
+    model: PreTrainedModel | str = attrs.field(validator=_model_or_path)
     _runner: CausalLMRunner | None = attrs.field(default=None, init=False, repr=False)
     _slots = attrs.field(default=None, init=False, repr=False)
     _fed_host: torch.Tensor | None = attrs.field(default=None, init=False, repr=False)
@@ -55,6 +56,8 @@ class ModelDrafter(Drafter):
     _drafts_fed: int = attrs.field(default=0, init=False, repr=False)
 
     def check_target(self, target) -> None:
+        if not isinstance(self.model, PreTrainedModel):
+            self.model = load_pretrained(AutoModelForCausalLM, self.model, dtype=target.dtype, who="drafter 'model'")
         draft_vocab, target_vocab = vocab_size(self.model), vocab_size(target)
         if draft_vocab != target_vocab:
             raise IncompatibleModelsError(

@@ -1,0 +1,223 @@
+"""plugins.toml: which target, drafter, policy, verifier and observers to use, with their options.
+
+```toml
+[target]
+model = "models/python-pair/target"   # relative paths are relative to this file
+dtype = "float32"
+
+[drafter]
+use = "model"
+model = "models/python-pair/draft"
+
+[policy]
+use = "heuristic"
+
+[verifier]
+use = "greedy"
+
+[sampling]          # any transformers GenerationConfig option
+max_new_tokens = 128
+
+[[observers]]
+use = "trace"
+path = "trace.jsonl"
+```
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+
+from ..errors import ConfigError
+from .manager import get_registry
+
+_SECTIONS = {"target", "drafter", "policy", "verifier", "sampling", "observers"}
+_TARGET_KEYS = {"model", "dtype", "device", "attn_implementation", "tokenizer"}
+# Options that name files: resolved against the TOML file's folder when that path exists there.
+_PATH_OPTIONS = {"model", "weights", "path", "tokenizer"}
+DTYPES = {
+    "auto": "auto",
+    "float32": torch.float32,
+    "float": torch.float32,
+    "fp32": torch.float32,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float64": torch.float64,
+    "double": torch.float64,
+}
+
+
+@attrs.frozen
+class ComponentSpec:
+    """``use = "name"`` plus the component's options, as written in one TOML table."""
+
+    kind: str
+    use: str
+    options: dict[str, Any] = attrs.field(factory=dict)
+
+    def build(self, where: str = ""):
+        return get_registry().create(self.kind, self.use, self.options, where=where)
+
+
+def parse_dtype(value: str, where: str) -> torch.dtype | str:
+    try:
+        return DTYPES[str(value).lower()]
+    except KeyError:
+        raise ConfigError(f"{where}: unknown dtype {value!r}; use one of {', '.join(sorted(DTYPES))}") from None
+
+
+@attrs.frozen
+class SpecdecConfig:
+    """A parsed plugins.toml. ``from_toml`` reads one; ``build_decoder`` makes the decoder it describes."""
+
+    target: dict[str, Any]
+    drafter: ComponentSpec
+    policy: ComponentSpec
+    verifier: ComponentSpec
+    observers: list[ComponentSpec] = attrs.field(factory=list)
+    sampling: dict[str, Any] = attrs.field(factory=dict)
+    source: str = "<dict>"
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> SpecdecConfig:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {str(path)!r} does not exist")
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{path}: not a UTF-8 text file: {exc}") from exc
+        return cls.from_dict(data, base_dir=path.parent, source=str(path))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], base_dir: str | Path = ".", source: str = "<dict>") -> SpecdecConfig:
+        base_dir = Path(base_dir)
+        unknown = sorted(set(data) - _SECTIONS)
+        if unknown:
+            raise ConfigError(f"{source}: unknown section(s) [{'], ['.join(unknown)}]; sections are {', '.join(sorted(_SECTIONS))}")
+
+        target = _table(data, "target", source)
+        if "model" not in target:
+            raise ConfigError(f"{source}: [target] needs a 'model' key (a path or hub id)")
+        bad = sorted(set(target) - _TARGET_KEYS)
+        if bad:
+            raise ConfigError(f"{source}: [target] has unknown key(s) {', '.join(bad)}; keys are {', '.join(sorted(_TARGET_KEYS))}")
+        target = _resolve_paths(target, base_dir)
+
+        def component(kind: str, default: str | None) -> ComponentSpec:
+            table = _table(data, kind, source)
+            use = table.pop("use", default)
+            if use is None:
+                raise ConfigError(f"{source}: [{kind}] needs 'use = \"<name>\"'")
+            if not isinstance(use, str):
+                raise ConfigError(f"{source}: [{kind}] 'use' must be a string, got {use!r}")
+            return ComponentSpec(kind, use, _resolve_paths(table, base_dir))
+
+        observers_data = data.get("observers", [])
+        if isinstance(observers_data, dict):
+            observers_data = [observers_data]
+        if not isinstance(observers_data, list) or not all(isinstance(o, dict) for o in observers_data):
+            raise ConfigError(f"{source}: 'observers' must be an array of tables ([[observers]] with use = ...)")
+        observers = []
+        for table in observers_data:
+            table = dict(table)
+            if "use" not in table:
+                raise ConfigError(f"{source}: every [[observers]] entry needs 'use = \"<name>\"'")
+            use = table.pop("use")
+            observers.append(ComponentSpec("observer", use, _resolve_paths(table, base_dir)))
+
+        sampling = _table(data, "sampling", source)
+        return cls(
+            target=target,
+            drafter=component("drafter", None),
+            policy=component("policy", "constant"),
+            verifier=component("verifier", "greedy"),
+            observers=observers,
+            sampling=sampling,
+            source=source,
+        )
+
+    def with_choices(self, drafter: str | None = None, policy: str | None = None, verifier: str | None = None) -> SpecdecConfig:
+        """Swap a component by name (the CLI's --drafter / --policy), keeping options only if the name is unchanged."""
+        changes = {}
+        for kind, name in (("drafter", drafter), ("policy", policy), ("verifier", verifier)):
+            if name is not None and name != getattr(self, kind).use:
+                options = {}
+                if kind == "drafter" and name == "model" and "model" in self.drafter.options:
+                    options = {"model": self.drafter.options["model"]}
+                changes[kind] = ComponentSpec(kind, name, options)
+        return attrs.evolve(self, **changes)
+
+    # --- building -------------------------------------------------------------------------------
+
+    @property
+    def dtype(self):
+        return parse_dtype(self.target.get("dtype", "float32"), f"{self.source}: [target] dtype")
+
+    def load_target(self):
+        """The target model and its tokenizer (offline when the paths are local)."""
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from ..drafters.model import load_pretrained
+
+        model = load_pretrained(AutoModelForCausalLM, self.target["model"], dtype=self.dtype, who=f"{self.source}: [target]")
+        device = self.target.get("device")
+        if device:
+            try:
+                model.to(device)
+            except (RuntimeError, AssertionError) as exc:
+                raise ConfigError(f"{self.source}: [target] device {device!r} is not usable: {exc}") from exc
+        tokenizer_path = self.target.get("tokenizer", self.target["model"])
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_path))
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"{self.source}: cannot load the tokenizer from {str(tokenizer_path)!r}: {exc}") from exc
+        tokenizer.padding_side = "left"
+        if tokenizer.pad_token is None and tokenizer.eos_token is not None:
+            tokenizer.pad_token = tokenizer.eos_token
+        return model, tokenizer
+
+    def build_components(self, extra_observers=()):
+        drafter = self.drafter.build(self.source)
+        policy = self.policy.build(self.source)
+        verifier = self.verifier.build(self.source)
+        observers = [spec.build(self.source) for spec in self.observers] + list(extra_observers)
+        return drafter, policy, verifier, observers
+
+    def build_decoder(self, target=None, extra_observers=()):
+        """The ``SpeculativeDecoder`` this file describes, with ``target`` loaded unless given."""
+        from ..core.loop import SpeculativeDecoder
+
+        drafter, policy, verifier, observers = self.build_components(extra_observers)
+        if target is None:
+            target, _ = self.load_target()
+        return SpeculativeDecoder(target=target, drafter=drafter, policy=policy, verifier=verifier, observers=observers)
+
+
+def _table(data: dict[str, Any], name: str, source: str) -> dict[str, Any]:
+    value = data.get(name, {})
+    if not isinstance(value, dict):
+        raise ConfigError(f"{source}: '{name}' must be a table ([{name}]), got {type(value).__name__}")
+    return dict(value)
+
+
+def _resolve_paths(options: dict[str, Any], base_dir: Path) -> dict[str, Any]:
+    resolved = dict(options)
+    for key, value in options.items():
+        if key in _PATH_OPTIONS and isinstance(value, str):
+            candidate = Path(value).expanduser()
+            if not candidate.is_absolute():
+                candidate = base_dir / candidate
+            if candidate.exists() or value.startswith((".", "/")) or "/" in value and len(Path(value).parts) != 2:
+                resolved[key] = str(candidate)
+    return resolved
