@@ -25,6 +25,7 @@ DEFAULT_PLUGINS = (
     "specdec.policies.constant",
     "specdec.policies.heuristic",
     "specdec.verifiers.greedy",
+    "specdec.verifiers.rejection",
     "specdec.observers.stats",
 )
 
