@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from tiny_pairs import left_padded, tiny_llama
+from tiny_pairs import left_padded, perturbed_copy, tiny_llama
 
 from specdec import ConfigError, Draft, SpeculativeDecoder
 from specdec.drafters import ModelDrafter, NGramDrafter
@@ -22,18 +22,6 @@ VOCAB = 8
 NEW_TOKENS = 3
 PASS_P = 1e-3  # a correct sampler fails this with probability 1e-3 (and the seeds are fixed)
 FAIL_P = 1e-6  # what a broken one must reach
-
-
-def perturbed_copy(model, noise: float, seed: int = 1):
-    """A draft close to the target (acceptance around one half), so every verdict path is taken."""
-    draft = copy.deepcopy(model)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for parameter in draft.parameters():
-            if parameter.dim() > 1:
-                noise_ = torch.randn(parameter.shape, generator=generator, dtype=parameter.dtype)
-                parameter.add_(noise_ * noise * parameter.std())
-    return draft
 
 
 @pytest.fixture(scope="module")
