@@ -24,6 +24,8 @@ DEFAULT_PLUGINS = (
     "specdec.drafters.ngram",
     "specdec.policies.constant",
     "specdec.policies.heuristic",
+    "specdec.policies.draft_confidence",
+    "specdec.policies.target_confidence",
     "specdec.verifiers.greedy",
     "specdec.verifiers.rejection",
     "specdec.observers.stats",

@@ -2,6 +2,14 @@
 
 from .base import LookaheadPolicy
 from .constant import ConstantLookahead
+from .draft_confidence import DraftConfidenceLookahead
 from .heuristic import HeuristicLookahead
+from .target_confidence import TargetConfidenceLookahead
 
-__all__ = ["ConstantLookahead", "HeuristicLookahead", "LookaheadPolicy"]
+__all__ = [
+    "ConstantLookahead",
+    "DraftConfidenceLookahead",
+    "HeuristicLookahead",
+    "LookaheadPolicy",
+    "TargetConfidenceLookahead",
+]
