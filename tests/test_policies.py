@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from tiny_pairs import left_padded, perturbed_copy, tiny_llama
+from tiny_pairs import drafts_and_budgets, left_padded, perturbed_copy, tiny_llama
 
 from specdec import ConfigError, SpeculativeDecoder, Step, Verdict
 from specdec.core.types import Draft
@@ -97,16 +97,12 @@ class TestDraftConfidence:
         out, expected, steps = run(target, draft_model, DraftConfidenceLookahead(threshold=threshold, max_tokens=max_tokens))
         assert torch.equal(out.sequences, expected)
         stopped_early = 0
-        for step in steps:
-            for b in range(len(step.rows_host)):
-                length = int(step.drafted_host[b])
-                if length == 0:
-                    continue
-                probs = step.draft.token_probs[b, :length]
-                assert bool((probs[:-1] >= threshold).all()), "a row kept drafting after an unsure token"
-                if length < step.draft.width:
-                    stopped_early += 1
-                    assert float(probs[-1]) < threshold, "a row stopped after a confident token"
+        for step, b, allowed in drafts_and_budgets(steps, max_tokens, NEW_TOKENS):
+            probs = step.draft.token_probs[b, : int(step.drafted_host[b])]
+            assert bool((probs[:-1] >= threshold).all()), "a row kept drafting after an unsure token"
+            if len(probs) < allowed:
+                stopped_early += 1
+                assert float(probs[-1]) < threshold, "a row stopped after a confident token"
         assert stopped_early > 0
 
 

@@ -58,3 +58,16 @@ def perturbed_copy(model, noise: float, seed: int = 1):
                 noise_ = torch.randn(parameter.shape, generator=generator, dtype=parameter.dtype)
                 parameter.add_(noise_ * noise * parameter.std())
     return draft
+
+
+def drafts_and_budgets(steps, max_tokens: int, new_tokens: int):
+    """For every row that drafted in every recorded Step: ``(step, position, allowed)``, where
+    ``allowed`` is the most the policy could let it draft (``max_tokens``, capped by the loop at
+    the row's remaining tokens minus one), so a shorter draft is one the policy stopped."""
+    committed: dict[int, int] = {}
+    for step in steps:
+        for b, row in enumerate(step.rows_host.tolist()):
+            done = committed.get(row, 0)
+            if int(step.drafted_host[b]):
+                yield step, b, min(max_tokens, new_tokens - done - 1)
+            committed[row] = done + int(step.appended_host[b])

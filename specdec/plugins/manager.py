@@ -26,6 +26,7 @@ DEFAULT_PLUGINS = (
     "specdec.policies.heuristic",
     "specdec.policies.draft_confidence",
     "specdec.policies.target_confidence",
+    "specdec.policies.classifier",
     "specdec.verifiers.greedy",
     "specdec.verifiers.rejection",
     "specdec.observers.stats",
