@@ -72,7 +72,9 @@ class StopClassifier:
     features: tuple[str, ...] = FEATURES
 
     def to(self, device) -> StopClassifier:
-        move = lambda tensors: tuple(t.to(device=device, dtype=torch.float32) for t in tensors)  # noqa: E731
+        def move(tensors):
+            return tuple(t.to(device=device, dtype=torch.float32) for t in tensors)
+
         return attrs.evolve(
             self, weights=move(self.weights), biases=move(self.biases), mean=self.mean.to(device), std=self.std.to(device)
         )

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import typer
 
-from ..errors import SpecdecError
+from ..errors import InputError, SpecdecError
 
 policy_app = typer.Typer(help="Train lookahead policies that learn from a draft/target pair.", no_args_is_help=True)
 
@@ -25,14 +25,14 @@ def read_prompts(path: Path) -> list[str]:
     """One prompt per line, or JSON Lines with a "prompt" key (chosen by a .jsonl suffix or a first line
     starting with "{"). Blank lines are skipped."""
     if not path.is_file():
-        raise SpecdecError(f"prompts file {str(path)!r} does not exist")
+        raise InputError(f"prompts file {str(path)!r} does not exist")
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except UnicodeDecodeError as exc:
-        raise SpecdecError(f"prompts file {str(path)!r} is not UTF-8 text: {exc}") from exc
+        raise InputError(f"prompts file {str(path)!r} is not UTF-8 text: {exc}") from exc
     numbered = [(n, line) for n, line in enumerate(lines, 1) if line.strip()]
     if not numbered:
-        raise SpecdecError(f"prompts file {str(path)!r} holds no prompts")
+        raise InputError(f"prompts file {str(path)!r} holds no prompts")
     if path.suffix != ".jsonl" and not numbered[0][1].lstrip().startswith("{"):
         return [line for _, line in numbered]
     prompts = []
@@ -40,9 +40,9 @@ def read_prompts(path: Path) -> list[str]:
         try:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise SpecdecError(f"{path}:{n}: not a JSON object: {exc}") from exc
+            raise InputError(f"{path}:{n}: not a JSON object: {exc}") from exc
         if not isinstance(record, dict) or not isinstance(record.get("prompt"), str) or not record["prompt"]:
-            raise SpecdecError(f'{path}:{n}: each JSON line needs a non-empty string "prompt"')
+            raise InputError(f'{path}:{n}: each JSON line needs a non-empty string "prompt"')
         prompts.append(record["prompt"])
     return prompts
 
