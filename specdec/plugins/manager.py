@@ -30,6 +30,8 @@ DEFAULT_PLUGINS = (
     "specdec.verifiers.greedy",
     "specdec.verifiers.rejection",
     "specdec.observers.stats",
+    "specdec.observers.progress",
+    "specdec.observers.trace",
 )
 
 
