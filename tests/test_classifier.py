@@ -6,25 +6,27 @@ from __future__ import annotations
 import copy
 import json
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 import typer
 from safetensors.torch import save_file
-from tiny_pairs import drafts_and_budgets, left_padded, perturbed_copy, tiny_llama
 from typer.testing import CliRunner
 
 from specdec import ConfigError, SpeculativeDecoder
 from specdec.drafters import ModelDrafter
 from specdec.observers import Observer
 from specdec.plugins import get_registry
-from specdec.policies import ClassifierLookahead, ConstantLookahead
+from specdec.policies import ClassifierLookahead
 from specdec.policies.classifier import FEATURES, StopClassifier, draft_features, train_classifier
 from specdec.policies.classifier_cli import policy_app
 from specdec.verifiers import GreedyVerifier
 
+from .tiny_pairs import drafts_and_budgets, left_padded, perturbed_copy, tiny_llama
+from .tinypair import save_pair
+
 VOCAB = 16
-WORDS = ["<pad>", "<unk>", "<eos>"] + [chr(ord("a") + i) for i in range(VOCAB - 3)]
 PROMPTS = [[3, 4, 5, 6], [7, 8], [9, 10, 11, 3, 4], [12, 13, 14], [5, 5, 6], [15, 3], [4, 9, 12, 8, 6], [10]]
 
 
@@ -60,8 +62,6 @@ class TestFeaturesAndDecisions:
         assert one_hot.tolist() == [[1.0, 0.0, 0.0, 0.5]]
 
     def test_decisions(self):
-        from types import SimpleNamespace
-
         policy = ClassifierLookahead(weights=by_token_prob(0.5), threshold=0.5, max_tokens=6)
         state = SimpleNamespace(batch_size=3, active=3, rows_host=torch.arange(3), device=torch.device("cpu"))
         policy.begin(state, None)
@@ -201,28 +201,12 @@ def test_greedy_output_with_classifier_equals_target_generate():
 
 
 @pytest.fixture(scope="module")
-def pair_dir(tmp_path_factory, target):
-    """A target, a draft and a word-level tokenizer saved like real checkpoints, plus a plugins.toml."""
-    from tokenizers import Tokenizer
-    from tokenizers.models import WordLevel
-    from tokenizers.pre_tokenizers import WhitespaceSplit
-    from transformers import PreTrainedTokenizerFast
-
+def pair_dir(tmp_path_factory):
+    """The saved tiny pair with its tokenizer and plugins.toml (``my.toml``), plus both prompt formats."""
     root = tmp_path_factory.mktemp("pair")
-    target.save_pretrained(root / "target")
-    perturbed_copy(target, 0.1).save_pretrained(root / "draft")
-    words = Tokenizer(WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
-    words.pre_tokenizer = WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=words, pad_token="<pad>", unk_token="<unk>", eos_token="<eos>")
-    tokenizer.save_pretrained(root / "target")
-    (root / "my.toml").write_text(
-        '[target]\nmodel = "target"\ndtype = "float32"\n\n[drafter]\nuse = "model"\nmodel = "draft"\n\n'
-        '[policy]\nuse = "constant"\n',
-        encoding="utf-8",
-    )
-    lines = [" ".join(WORDS[t] for t in prompt) for prompt in PROMPTS]
-    (root / "prompts.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    (root / "prompts.jsonl").write_text("\n".join(json.dumps({"prompt": line}) for line in lines), encoding="utf-8")
+    save_pair(root).rename(root / "my.toml")
+    prompts = [json.loads(line)["prompt"] for line in (root / "prompts.jsonl").read_text().splitlines()]
+    (root / "prompts.txt").write_text("\n".join(prompts) + "\n", encoding="utf-8")
     return root
 
 

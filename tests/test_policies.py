@@ -7,7 +7,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from tiny_pairs import drafts_and_budgets, left_padded, perturbed_copy, tiny_llama
 
 from specdec import ConfigError, SpeculativeDecoder, Step, Verdict
 from specdec.core.types import Draft
@@ -16,6 +15,8 @@ from specdec.observers import Observer
 from specdec.plugins import get_registry
 from specdec.policies import DraftConfidenceLookahead, TargetConfidenceLookahead
 from specdec.verifiers import GreedyVerifier
+
+from .tiny_pairs import drafts_and_budgets, left_padded, perturbed_copy, tiny_llama
 
 VOCAB = 32
 PROMPTS = [[1, 2, 3, 1, 2], [4, 5], [6, 7, 8, 9, 10, 11, 6, 7], [12]]  # left-padded into one batch

@@ -9,7 +9,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from tiny_pairs import left_padded, perturbed_copy, tiny_llama
 
 from specdec import ConfigError, Draft, SpeculativeDecoder
 from specdec.drafters import ModelDrafter, NGramDrafter
@@ -17,6 +16,8 @@ from specdec.plugins import get_registry
 from specdec.policies import ConstantLookahead
 from specdec.verifiers import GreedyVerifier, RejectionVerifier
 from specdec.verifiers.greedy import greedy_verdict
+
+from .tiny_pairs import left_padded, perturbed_copy, tiny_llama
 
 VOCAB = 8
 NEW_TOKENS = 3
