@@ -174,7 +174,10 @@ class SpeculativeDecoder:
         state.sequences[state.rows[:, None], write_at] = appended
         state.lengths[state.rows] = lengths + count
 
-        # The iteration's one device sync.
+        # The iteration's one device sync; it also completes the copy of the target's confidence
+        # queued just before it, which confidence-driven policies read on the host.
+        target_probs = verdict.target_probs
+        target_probs_host = None if target_probs is None else target_probs.to("cpu", non_blocking=True)
         accepted_host, count_host, finished_host, drafted_host = (
             torch.stack([accepted, count, finished.long(), draft.lengths]).cpu().unbind(0)
         )
@@ -200,6 +203,7 @@ class SpeculativeDecoder:
             appended_host=count_host,
             finished_host=finished_host,
             appended_tokens=appended,
+            target_probs_host=target_probs_host,
         )
         hooks.specdec_on_step(state=state, step=step)
         state.iteration += 1

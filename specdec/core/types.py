@@ -66,6 +66,7 @@ class Step:
     appended_host: torch.Tensor  # [B] long, tokens committed this step (after eos / length cuts)
     finished_host: torch.Tensor  # [B] bool
     appended_tokens: torch.Tensor  # [B, K + 1] long; row b's first appended_host[b] are real
+    target_probs_host: torch.Tensor | None = None  # [B] float32: verdict.target_probs, None if unset
 
 
 @attrs.define

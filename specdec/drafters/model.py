@@ -15,6 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from ..core.models import CausalLMRunner, vocab_size
+from ..core.sampling import sample
 from ..core.types import Draft
 from ..errors import ConfigError, IncompatibleModelsError
 from ..plugins.hookspecs import hookimpl
@@ -98,7 +99,9 @@ class ModelDrafter(Drafter):
             scores = state.process(logits.float()[:, None], tokens[:, :j])[:, 0]  # [B, V]
             q = torch.softmax(scores, dim=-1)  # [B, V] fp32
             if state.do_sample:
-                token = torch.multinomial(q, 1, generator=state.generator)[:, 0]
+                # q (the target's warpers applied to the draft's scores) is exactly what the token is
+                # drawn from and what the rejection verifier divides by.
+                token = sample(q, state.generator)
                 if probs is None:
                     probs = torch.zeros(batch, width, q.shape[-1], dtype=torch.float32, device=device)
                 probs[:, j] = q

@@ -1,7 +1,17 @@
 """Lookahead policies decide how many tokens each row drafts. One module per strategy."""
 
 from .base import LookaheadPolicy
+from .classifier import ClassifierLookahead
 from .constant import ConstantLookahead
+from .draft_confidence import DraftConfidenceLookahead
 from .heuristic import HeuristicLookahead
+from .target_confidence import TargetConfidenceLookahead
 
-__all__ = ["ConstantLookahead", "HeuristicLookahead", "LookaheadPolicy"]
+__all__ = [
+    "ClassifierLookahead",
+    "ConstantLookahead",
+    "DraftConfidenceLookahead",
+    "HeuristicLookahead",
+    "LookaheadPolicy",
+    "TargetConfidenceLookahead",
+]

@@ -2,5 +2,6 @@
 
 from .base import Verifier
 from .greedy import GreedyVerifier
+from .rejection import RejectionVerifier
 
-__all__ = ["GreedyVerifier", "Verifier"]
+__all__ = ["GreedyVerifier", "RejectionVerifier", "Verifier"]

@@ -28,15 +28,23 @@ class GreedyVerifier(Verifier):
             )
 
     def verify(self, state, draft: Draft, scores: torch.Tensor) -> Verdict:
-        target_tokens = scores.argmax(-1)  # [B, K + 1]
-        width = draft.width
-        in_draft = torch.arange(width, device=scores.device)[None, :] < draft.lengths[:, None]  # [B, K]
-        agree = (draft.tokens == target_tokens[:, :width]) & in_draft
-        accepted = agree.long().cumprod(1).sum(1)  # [B]: length of the agreeing prefix
-        next_token = target_tokens.gather(1, accepted[:, None])[:, 0]  # [B]
-        at_next = scores.gather(1, accepted[:, None, None].expand(-1, 1, scores.shape[-1]))[:, 0]  # [B, V]
-        target_probs = torch.softmax(at_next, dim=-1).gather(1, next_token[:, None])[:, 0]
-        return Verdict(accepted=accepted, next_token=next_token, target_probs=target_probs)
+        return greedy_verdict(draft, scores)
+
+
+def greedy_verdict(draft: Draft, scores: torch.Tensor) -> Verdict:
+    """Keep the prefix of each row's draft that equals the target's argmax; append the argmax after it.
+
+    Shared with ``rejection``, which decides exactly like this when it is not sampling.
+    """
+    target_tokens = scores.argmax(-1)  # [B, K + 1]
+    width = draft.width
+    in_draft = torch.arange(width, device=scores.device)[None, :] < draft.lengths[:, None]  # [B, K]
+    agree = (draft.tokens == target_tokens[:, :width]) & in_draft
+    accepted = agree.long().cumprod(1).sum(1)  # [B]: length of the agreeing prefix
+    next_token = target_tokens.gather(1, accepted[:, None])[:, 0]  # [B]
+    at_next = scores.gather(1, accepted[:, None, None].expand(-1, 1, scores.shape[-1]))[:, 0]  # [B, V]
+    target_probs = torch.softmax(at_next, dim=-1).gather(1, next_token[:, None])[:, 0]
+    return Verdict(accepted=accepted, next_token=next_token, target_probs=target_probs)
 
 
 @hookimpl

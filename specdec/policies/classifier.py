@@ -1,0 +1,421 @@
+"""``classifier``: a tiny learned model decides, after each drafted token, whether to keep drafting.
+
+DISCO (Mamou et al. 2024, "Dynamic speculation lookahead accelerates speculative decoding of
+large language models"). After draft token j the classifier reads four features,
+
+- ``token_prob``: the draft's probability of the token it just drafted,
+- ``entropy``: the entropy (nats) of the draft's distribution at that position,
+- ``position``: j, the token's 0-based position in this draft,
+- ``target_confidence``: the target's probability of the token the row committed at the last
+  verification (1.0 before the first one),
+
+and estimates the probability that the target accepts token j; a row stops drafting (after
+proposing token j) when that estimate falls below ``threshold``. The model is a logistic
+regression, or an MLP with one hidden layer, on standardised features.
+
+``train_classifier`` (and ``specdec policy train``) runs a draft/target pair on prompts, labels each
+draft position with the oracle answer (does the draft token equal the target's greedy token,
+given the accepted prefix), fits the model, reports held-out accuracy and saves it as safetensors
+with the feature names and the standardisation in the file, so a file made for other features
+is refused with a clear error instead of silently mis-steering the decoder.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Sequence
+
+import attrs
+import torch
+
+from ..errors import ConfigError, InputError
+from ..plugins.hookspecs import hookimpl
+from .base import LookaheadPolicy
+from .draft_confidence import at_least_one, probability
+
+FEATURES = ("token_prob", "entropy", "position", "target_confidence")
+FORMAT = "specdec-classifier"
+FORMAT_VERSION = "1"
+UNVERIFIED_CONFIDENCE = 1.0  # the target_confidence feature of a row the target has not verified yet
+
+
+def draft_features(
+    position: int,
+    token_probs: torch.Tensor | None,  # [B] draft's q of each drafted token
+    probs: torch.Tensor | None,  # [B, V] draft distribution, None for drafters without one
+    target_confidence: torch.Tensor,  # [B]
+) -> torch.Tensor:  # [B, F] fp32, columns in FEATURES order
+    """The classifier's input at draft position ``position``; training and decoding both use this."""
+    confidence = target_confidence.float()
+    token_prob = torch.ones_like(confidence) if token_probs is None else token_probs.float()
+    if probs is None:
+        entropy = torch.zeros_like(confidence)  # a deterministic draft: q is one-hot
+    else:
+        entropy = torch.special.entr(probs.float()).sum(-1)
+    return torch.stack([token_prob, entropy, torch.full_like(confidence, float(position)), confidence], dim=-1)
+
+
+# --- the model -------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class StopClassifier:
+    """P(the target accepts this draft token) from ``draft_features``: standardise, then
+    ``len(weights)`` linear layers with ReLU between them (one layer: logistic regression)."""
+
+    weights: tuple[torch.Tensor, ...]  # layer i: [out_i, in_i]; the last has out = 1
+    biases: tuple[torch.Tensor, ...]  # layer i: [out_i]
+    mean: torch.Tensor  # [F]
+    std: torch.Tensor  # [F]
+    features: tuple[str, ...] = FEATURES
+
+    def to(self, device) -> StopClassifier:
+        def move(tensors):
+            return tuple(t.to(device=device, dtype=torch.float32) for t in tensors)
+
+        return attrs.evolve(
+            self, weights=move(self.weights), biases=move(self.biases), mean=self.mean.to(device), std=self.std.to(device)
+        )
+
+    def logits(self, features: torch.Tensor) -> torch.Tensor:  # [N, F] -> [N]
+        x = (features.float() - self.mean) / self.std
+        for i, (weight, bias) in enumerate(zip(self.weights, self.biases)):
+            if i:
+                x = torch.relu(x)
+            x = x @ weight.T + bias
+        return x[:, 0]
+
+    def accept_probability(self, features: torch.Tensor) -> torch.Tensor:  # [N, F] -> [N] fp32
+        return torch.sigmoid(self.logits(features))
+
+    # --- files ------------------------------------------------------------------------------------
+
+    def save(self, path: str | Path, metadata: dict[str, str] | None = None) -> Path:
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        tensors = {"mean": self.mean, "std": self.std}
+        for i, (weight, bias) in enumerate(zip(self.weights, self.biases)):
+            tensors[f"layers.{i}.weight"] = weight
+            tensors[f"layers.{i}.bias"] = bias
+        info = {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "features": json.dumps(list(self.features)),
+            "normalisation": "standardise: (x - mean) / std, tensors 'mean' and 'std'",
+            "layers": str(len(self.weights)),
+            **(metadata or {}),
+        }
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.detach().float().cpu().contiguous() for k, v in tensors.items()}, str(path), metadata=info)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path, who: str = "policy 'classifier'") -> StopClassifier:
+        """Read a file written by ``save``; anything else is a ``ConfigError`` naming the file."""
+        from safetensors import safe_open
+
+        path = Path(path).expanduser()
+        where = f"{who}: weights file {str(path)!r}"
+        if not path.is_file():
+            raise ConfigError(f"{where} does not exist; train one with `specdec policy train`")
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                metadata = handle.metadata() or {}
+                tensors = {key: handle.get_tensor(key) for key in handle.keys()}
+        except Exception as exc:  # safetensors raises its own error types for damaged files
+            raise ConfigError(f"{where} is not a readable safetensors file: {exc}") from exc
+        if metadata.get("format") != FORMAT:
+            raise ConfigError(f"{where} is not a specdec classifier (its metadata has no format = {FORMAT!r})")
+        if metadata.get("format_version") != FORMAT_VERSION:
+            raise ConfigError(
+                f"{where} has classifier format version {metadata.get('format_version')!r}; this specdec reads "
+                f"version {FORMAT_VERSION}"
+            )
+        try:
+            features = tuple(json.loads(metadata["features"]))
+            layers = int(metadata["layers"])
+            weights = tuple(tensors[f"layers.{i}.weight"].float() for i in range(layers))
+            biases = tuple(tensors[f"layers.{i}.bias"].float() for i in range(layers))
+            mean, std = tensors["mean"].float(), tensors["std"].float()
+        except (KeyError, ValueError, TypeError) as exc:
+            raise ConfigError(f"{where} is malformed: missing or invalid entry {exc}") from exc
+        if features != FEATURES:
+            raise ConfigError(
+                f"{where} was trained for features {list(features)}, but policy 'classifier' computes "
+                f"{list(FEATURES)}; retrain it with `specdec policy train`"
+            )
+        width = len(FEATURES)
+        shapes_ok = layers >= 1 and mean.shape == (width,) and std.shape == (width,) and bool((std > 0).all())
+        for weight, bias in zip(weights, biases):
+            shapes_ok = shapes_ok and weight.dim() == 2 and weight.shape[1] == width and bias.shape == (weight.shape[0],)
+            width = weight.shape[0] if weight.dim() == 2 else -1
+        if not shapes_ok or width != 1:
+            raise ConfigError(f"{where} is malformed: its layer shapes or standardisation do not fit {len(FEATURES)} features")
+        return cls(weights=weights, biases=biases, mean=mean, std=std, features=features)
+
+    # --- fitting ----------------------------------------------------------------------------------
+
+    @classmethod
+    def fit(
+        cls,
+        features: torch.Tensor,  # [N, F]
+        labels: torch.Tensor,  # [N] bool: accepted
+        hidden: int = 0,
+        epochs: int = 500,
+        lr: float = 0.05,
+        seed: int = 0,
+    ) -> StopClassifier:
+        """Fit by full-batch Adam on the logistic loss (fp32, CPU: the data is small)."""
+        x = features.detach().float().cpu()
+        y = labels.detach().float().cpu()
+        mean = x.mean(0)
+        std = x.std(0, correction=0).clamp(min=1e-6)
+        generator = torch.Generator().manual_seed(seed)
+        sizes = [x.shape[1], *([hidden] if hidden else []), 1]
+        params = []
+        for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
+            bound = 1.0 / math.sqrt(fan_in)
+            weight = (torch.rand(fan_out, fan_in, generator=generator) * 2 - 1) * bound
+            params += [weight.requires_grad_(), torch.zeros(fan_out, requires_grad=True)]
+        optimiser = torch.optim.Adam(params, lr=lr)
+        with torch.enable_grad():
+            for _ in range(epochs):
+                model = cls(weights=tuple(params[0::2]), biases=tuple(params[1::2]), mean=mean, std=std)
+                loss = torch.nn.functional.binary_cross_entropy_with_logits(model.logits(x), y)
+                optimiser.zero_grad()
+                loss.backward()
+                optimiser.step()
+        return cls(
+            weights=tuple(p.detach().clone() for p in params[0::2]),
+            biases=tuple(p.detach().clone() for p in params[1::2]),
+            mean=mean,
+            std=std,
+        )
+
+
+# --- the policy -----------------------------------------------------------------------------------
+
+
+def _weights(instance, attribute, value):
+    if not isinstance(value, (str, Path, StopClassifier)):
+        raise ConfigError(
+            f"policy 'classifier': 'weights' must be the path of a trained classifier file (or a StopClassifier), "
+            f"got {type(value).__name__}"
+        )
+
+
+@attrs.define(eq=False)
+class ClassifierLookahead(LookaheadPolicy):
+    """DISCO: a trained classifier stops each row's draft when the next token looks unlikely to be accepted.
+
+    ``weights``: the file ``specdec policy train`` wrote. ``threshold``: keep drafting while the
+    estimated acceptance probability is at least this. ``max_tokens``: drafts per row at most.
+    """
+
+    name = "classifier"
+    stops_early = True
+
+    weights: str | Path | StopClassifier = attrs.field(validator=_weights)
+    threshold: float = attrs.field(default=0.5, validator=probability)
+    max_tokens: int = attrs.field(default=20, validator=at_least_one)
+    _model: StopClassifier = attrs.field(init=False, repr=False)
+    _confidence: torch.Tensor | None = attrs.field(default=None, init=False, repr=False)
+    _confidence_now: torch.Tensor | None = attrs.field(default=None, init=False, repr=False)
+
+    def __attrs_post_init__(self):
+        model = self.weights if isinstance(self.weights, StopClassifier) else StopClassifier.load(self.weights)
+        self._model = model
+
+    def begin(self, state, target) -> None:
+        self._model = self._model.to(state.device)
+        self._confidence = torch.full((state.batch_size,), UNVERIFIED_CONFIDENCE)  # [R] CPU, by original row
+
+    def lookahead(self, state) -> torch.Tensor:
+        self._confidence_now = self._confidence[state.rows_host].to(state.device, non_blocking=True)  # [B]
+        return torch.full((state.active,), self.max_tokens, dtype=torch.long)
+
+    def continue_drafting(self, state, position, tokens, token_probs, probs) -> torch.Tensor:
+        features = draft_features(position, token_probs, probs, self._confidence_now)  # [B, F]
+        return self._model.accept_probability(features) >= self.threshold  # [B]
+
+    def on_step(self, state, step) -> None:
+        if step.target_probs_host is not None:
+            self._confidence[step.rows_host] = step.target_probs_host.float()
+
+
+# --- training -------------------------------------------------------------------------------------
+
+
+@attrs.define(eq=False)
+class _OracleRecorder(LookaheadPolicy):
+    """Drafts ``max_tokens + 1`` per row and records features plus the greedy oracle's label at
+    every position the drafter reports through ``keep_drafting`` (all but each draft's last)."""
+
+    name = "classifier-trainer"
+
+    max_tokens: int
+    features: list[torch.Tensor] = attrs.field(factory=list, init=False)  # per step: [n, F]
+    labels: list[torch.Tensor] = attrs.field(factory=list, init=False)  # per step: [n] bool
+    _confidence: torch.Tensor | None = attrs.field(default=None, init=False)
+    _confidence_now: torch.Tensor | None = attrs.field(default=None, init=False)
+    _pending: list[torch.Tensor] = attrs.field(factory=list, init=False)
+
+    def begin(self, state, target) -> None:
+        self._confidence = torch.full((state.batch_size,), UNVERIFIED_CONFIDENCE)
+
+    def lookahead(self, state) -> torch.Tensor:
+        self._confidence_now = self._confidence[state.rows_host].to(state.device)
+        self._pending = []
+        return torch.full((state.active,), self.max_tokens + 1, dtype=torch.long)
+
+    def continue_drafting(self, state, position, tokens, token_probs, probs):
+        self._pending.append(draft_features(position, token_probs, probs, self._confidence_now))
+        return None
+
+    def on_step(self, state, step) -> None:
+        if self._pending:
+            features = torch.stack(self._pending, dim=1).cpu()  # [B, P, F]
+            position = torch.arange(features.shape[1])[None, :]  # [1, P]
+            accepted, drafted = step.accepted_host[:, None], step.drafted_host[:, None]
+            # Up to and including the first rejection: later positions follow a prefix the target refused.
+            seen = (position <= accepted) & (position < drafted)  # [B, P]
+            self.features.append(features[seen])
+            self.labels.append((position < accepted).expand_as(seen)[seen])
+        if step.target_probs_host is not None:
+            self._confidence[step.rows_host] = step.target_probs_host.float()
+
+
+@attrs.frozen
+class TrainingReport:
+    """What ``train_classifier`` fitted and how well it predicts held-out draft positions."""
+
+    classifier: StopClassifier
+    samples: int
+    train_samples: int
+    heldout_samples: int
+    heldout_accuracy: float
+    majority_accuracy: float  # always answering the commoner label, for comparison
+    accept_rate: float  # share of labelled positions the target accepted
+    path: Path | None = None
+
+    def summary(self) -> str:
+        where = f", saved to {self.path}" if self.path else ""
+        return (
+            f"trained on {self.train_samples} draft positions, held out {self.heldout_samples}: "
+            f"held-out accuracy {self.heldout_accuracy:.3f} (always-the-commoner-answer {self.majority_accuracy:.3f}, "
+            f"target accepted {self.accept_rate:.1%} of drafts){where}"
+        )
+
+
+def _as_token_lists(prompts, tokenizer) -> list[list[int]]:
+    rows = []
+    for i, prompt in enumerate(prompts):
+        if isinstance(prompt, str):
+            if tokenizer is None:
+                raise InputError(f"prompt {i} is text; pass a tokenizer (or token ids) to train_classifier")
+            prompt = tokenizer(prompt, add_special_tokens=True)["input_ids"]
+        if isinstance(prompt, torch.Tensor):
+            if prompt.dim() == 2 and prompt.shape[0] == 1:
+                prompt = prompt[0]
+            if prompt.dim() != 1:
+                raise InputError(f"prompt {i} must be a 1-D tensor of token ids, got shape {tuple(prompt.shape)}")
+            prompt = prompt.tolist()
+        prompt = [int(t) for t in prompt]
+        if not prompt:
+            raise InputError(f"empty prompt: prompt {i} has no tokens")
+        rows.append(prompt)
+    if not rows:
+        raise InputError("no prompts to train on")
+    return rows
+
+
+def train_classifier(
+    decoder,
+    prompts: Sequence[torch.Tensor | Sequence[int] | str],
+    out: str | Path | None = None,
+    *,
+    tokenizer=None,
+    max_new_tokens: int = 64,
+    max_tokens: int = 8,
+    hidden: int = 0,
+    holdout: float = 0.2,
+    epochs: int = 500,
+    lr: float = 0.05,
+    batch_size: int = 8,
+    seed: int = 0,
+) -> TrainingReport:
+    """Run ``decoder``'s drafter and target on ``prompts`` (greedy), label every draft position with
+    the oracle answer, fit a ``StopClassifier`` on ``1 - holdout`` of them and score it on the rest.
+
+    ``max_tokens`` is how far each draft runs while collecting; ``hidden`` > 0 adds a hidden layer.
+    The classifier is saved to ``out`` when given. Returns a ``TrainingReport``.
+    """
+    from ..core.loop import SpeculativeDecoder
+    from ..verifiers.greedy import GreedyVerifier
+
+    if not 0.0 < holdout < 1.0:
+        raise InputError(f"holdout must be between 0 and 1 (exclusive), got {holdout}")
+    if max_tokens < 1 or hidden < 0 or batch_size < 1:
+        raise InputError("max_tokens and batch_size must be at least 1 and hidden at least 0")
+    rows = _as_token_lists(prompts, tokenizer)
+    target = decoder.target
+    config = target.generation_config
+    pad = config.pad_token_id if config.pad_token_id is not None else 0
+    recorder = _OracleRecorder(max_tokens=max_tokens)
+    collector = SpeculativeDecoder(target=target, drafter=decoder.drafter, policy=recorder, verifier=GreedyVerifier())
+    for start in range(0, len(rows), batch_size):
+        batch = rows[start : start + batch_size]
+        width = max(len(row) for row in batch)
+        input_ids = torch.full((len(batch), width), pad, dtype=torch.long)
+        attention_mask = torch.zeros(len(batch), width, dtype=torch.long)
+        for i, row in enumerate(batch):  # left padding
+            input_ids[i, width - len(row) :] = torch.tensor(row)
+            attention_mask[i, width - len(row) :] = 1
+        collector.generate(input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens, do_sample=False)
+
+    if not recorder.features:
+        raise InputError(
+            "no draft positions to learn from: the drafter must draft token by token and report its "
+            "probabilities (the 'model' drafter does), and max_tokens and max_new_tokens must allow drafts"
+        )
+    features, labels = torch.cat(recorder.features), torch.cat(recorder.labels)
+    samples = labels.shape[0]
+    heldout = int(round(samples * holdout))
+    if heldout < 1 or samples - heldout < 1:
+        raise InputError(f"only {samples} draft positions were collected; give more prompts or a larger max_new_tokens")
+    order = torch.randperm(samples, generator=torch.Generator().manual_seed(seed))
+    test, train = order[:heldout], order[heldout:]
+    classifier = StopClassifier.fit(features[train], labels[train], hidden=hidden, epochs=epochs, lr=lr, seed=seed)
+    predicted = classifier.accept_probability(features[test]) >= 0.5
+    accuracy = float((predicted == labels[test]).float().mean())
+    accept_rate = float(labels.float().mean())
+    majority = float(max(labels[test].float().mean(), 1 - labels[test].float().mean()))
+    path = None
+    if out is not None:
+        path = classifier.save(
+            out,
+            metadata={
+                "heldout_accuracy": f"{accuracy:.4f}",
+                "samples": str(samples),
+                "max_tokens": str(max_tokens),
+                "target": str(getattr(target.config, "_name_or_path", "") or type(target).__name__),
+            },
+        )
+    return TrainingReport(
+        classifier=classifier,
+        samples=samples,
+        train_samples=samples - heldout,
+        heldout_samples=heldout,
+        heldout_accuracy=accuracy,
+        majority_accuracy=majority,
+        accept_rate=accept_rate,
+        path=path,
+    )
+
+
+@hookimpl
+def specdec_register(registry):
+    registry.register_policy("classifier", ClassifierLookahead)

@@ -1,0 +1,55 @@
+"""``target-confidence``: draft only where the target was sure of the token it committed last.
+
+Before drafting, each row looks at the target's probability of the token it appended at the last
+verification (``Step.target_probs_host``, copied to the host in the loop's one sync). Below
+``threshold`` the text is at a hard spot where drafts are likely to be wasted, so the row takes a
+plain target step (k = 0); otherwise it drafts ``k`` tokens. A row that was never verified drafts.
+With ``draft_threshold`` set, drafting also stops after a draft token the draft itself was unsure
+of, as ``draft-confidence`` does.
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from ..plugins.hookspecs import hookimpl
+from .base import LookaheadPolicy
+from .draft_confidence import at_least_one, confident, probability
+
+
+@attrs.define(eq=False)
+class TargetConfidenceLookahead(LookaheadPolicy):
+    """Draft ``k`` tokens where the target's probability of its last token was >= ``threshold``, else none."""
+
+    name = "target-confidence"
+
+    threshold: float = attrs.field(default=0.5, validator=probability)
+    k: int = attrs.field(default=5, validator=at_least_one)
+    draft_threshold: float | None = attrs.field(default=None, validator=probability)
+    _confidence: torch.Tensor | None = attrs.field(default=None, init=False, repr=False)
+
+    @property
+    def stops_early(self) -> bool:
+        return self.draft_threshold is not None
+
+    def begin(self, state, target) -> None:
+        self._confidence = torch.full((state.batch_size,), float("nan"))  # [R] CPU by original row; NaN: unknown
+
+    def lookahead(self, state) -> torch.Tensor:
+        confidence = self._confidence[state.rows_host]  # [B] CPU
+        return torch.where(confidence < self.threshold, 0, self.k)  # NaN compares False: draft
+
+    def continue_drafting(self, state, position, tokens, token_probs, probs) -> torch.Tensor | None:
+        if self.draft_threshold is None:
+            return None
+        return confident(token_probs, self.draft_threshold)
+
+    def on_step(self, state, step) -> None:
+        if step.target_probs_host is not None:
+            self._confidence[step.rows_host] = step.target_probs_host.float()
+
+
+@hookimpl
+def specdec_register(registry):
+    registry.register_policy("target-confidence", TargetConfidenceLookahead)

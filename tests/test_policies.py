@@ -1,0 +1,153 @@
+"""Policies ``draft-confidence`` and ``target-confidence``: their decisions on hand-made inputs,
+the rule they enforce inside the loop, and greedy exactness with them."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from specdec import ConfigError, SpeculativeDecoder, Step, Verdict
+from specdec.core.types import Draft
+from specdec.drafters import ModelDrafter
+from specdec.observers import Observer
+from specdec.plugins import get_registry
+from specdec.policies import DraftConfidenceLookahead, TargetConfidenceLookahead
+from specdec.verifiers import GreedyVerifier
+
+from .tiny_pairs import drafts_and_budgets, left_padded, perturbed_copy, tiny_llama
+
+VOCAB = 32
+PROMPTS = [[1, 2, 3, 1, 2], [4, 5], [6, 7, 8, 9, 10, 11, 6, 7], [12]]  # left-padded into one batch
+NEW_TOKENS = 16
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama(20, vocab=VOCAB, layers=2, dtype=torch.float64, init=0.3)
+
+
+@pytest.fixture(scope="module")
+def draft_model(target):
+    return perturbed_copy(target, 0.1)  # accepts some drafts, rejects more
+
+
+class Recorder(Observer):
+    """Keeps every Step the loop reports."""
+
+    name = "recorder"
+
+    def __init__(self):
+        self.steps: list[Step] = []
+
+    def on_step(self, state, step):
+        self.steps.append(step)
+
+
+def run(target, draft_model, policy):
+    """Greedy specdec and the target's own greedy output on the same left-padded batch."""
+    recorder = Recorder()
+    decoder = SpeculativeDecoder(
+        target=target, drafter=ModelDrafter(draft_model), policy=policy, verifier=GreedyVerifier(), observers=[recorder]
+    )
+    input_ids, mask = left_padded(PROMPTS)
+    out = decoder.generate(input_ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False)
+    expected = target.generate(input_ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False)
+    assert 0 < out.stats.accepted < out.stats.drafted  # exactness is tested across kept and rejected drafts
+    return out, expected, recorder.steps
+
+
+def make_step(rows, target_probs) -> Step:
+    """A Step carrying only what confidence policies read (rows and the target's probabilities)."""
+    batch = len(rows)
+    zeros = torch.zeros(batch, dtype=torch.long)
+    probs = torch.tensor(target_probs, dtype=torch.float32)
+    return Step(
+        iteration=0,
+        rows_host=torch.tensor(rows),
+        draft=Draft.empty(batch, torch.device("cpu")),
+        verdict=Verdict(accepted=zeros, next_token=zeros, target_probs=probs),
+        drafted_host=zeros,
+        accepted_host=zeros,
+        appended_host=zeros + 1,
+        finished_host=torch.zeros(batch, dtype=torch.bool),
+        appended_tokens=zeros[:, None],
+        target_probs_host=probs,
+    )
+
+
+class TestDraftConfidence:
+    """``draft-confidence``: stop a row after a draft token below ``threshold``."""
+
+    def test_decisions(self):
+        policy = DraftConfidenceLookahead(threshold=0.4, max_tokens=7)
+        state = SimpleNamespace(active=4)
+        assert policy.lookahead(state).tolist() == [7, 7, 7, 7]
+        keep = policy.continue_drafting(state, 0, torch.zeros(4), torch.tensor([0.9, 0.39, 0.4, 0.0]), None)
+        assert keep.tolist() == [True, False, True, False]
+        assert policy.continue_drafting(state, 0, torch.zeros(4), None, None) is None
+
+    @pytest.mark.parametrize("options,field", [({"threshold": 1.5}, "threshold"), ({"max_tokens": 0}, "max_tokens"), ({"threshold": "high"}, "threshold")])
+    def test_invalid_options_name_the_field(self, options, field):
+        with pytest.raises(ConfigError, match=field):
+            get_registry().create("policy", "draft-confidence", options)
+
+    def test_in_the_loop_rows_stop_after_an_unsure_token_and_output_is_greedy(self, target, draft_model):
+        threshold, max_tokens = 0.3, 6
+        out, expected, steps = run(target, draft_model, DraftConfidenceLookahead(threshold=threshold, max_tokens=max_tokens))
+        assert torch.equal(out.sequences, expected)
+        stopped_early = 0
+        for step, b, allowed in drafts_and_budgets(steps, max_tokens, NEW_TOKENS):
+            probs = step.draft.token_probs[b, : int(step.drafted_host[b])]
+            assert bool((probs[:-1] >= threshold).all()), "a row kept drafting after an unsure token"
+            if len(probs) < allowed:
+                stopped_early += 1
+                assert float(probs[-1]) < threshold, "a row stopped after a confident token"
+        assert stopped_early > 0
+
+
+class TestTargetConfidence:
+    """``target-confidence``: a plain target step where the target was unsure of its last token."""
+
+    def test_decisions(self):
+        policy = TargetConfidenceLookahead(threshold=0.5, k=3)
+        state = SimpleNamespace(batch_size=4, rows_host=torch.arange(4), active=4)
+        policy.begin(state, None)
+        assert policy.lookahead(state).tolist() == [3, 3, 3, 3]  # nothing verified yet
+        policy.on_step(state, make_step([0, 1, 2, 3], [0.9, 0.1, 0.5, 0.49]))
+        assert policy.lookahead(state).tolist() == [3, 0, 3, 0]
+        # Rows addressed by original id: row 2 finished, row 3 verified again.
+        state.rows_host, state.active = torch.tensor([0, 1, 3]), 3
+        policy.on_step(state, make_step([3], [0.8]))
+        assert policy.lookahead(state).tolist() == [3, 0, 3]
+
+    def test_draft_threshold_stops_drafting(self):
+        state = SimpleNamespace(active=2)
+        assert TargetConfidenceLookahead().continue_drafting(state, 0, None, torch.tensor([0.1, 0.9]), None) is None
+        policy = TargetConfidenceLookahead(draft_threshold=0.5)
+        assert policy.continue_drafting(state, 0, None, torch.tensor([0.1, 0.9]), None).tolist() == [False, True]
+
+    @pytest.mark.parametrize("options,field", [({"threshold": -0.1}, "threshold"), ({"k": 0}, "k"), ({"draft_threshold": 2}, "draft_threshold")])
+    def test_invalid_options_name_the_field(self, options, field):
+        with pytest.raises(ConfigError, match=field):
+            get_registry().create("policy", "target-confidence", options)
+
+    @pytest.mark.parametrize("draft_threshold", [None, 0.3])
+    def test_in_the_loop_unsure_rows_take_target_steps_and_output_is_greedy(self, target, draft_model, draft_threshold):
+        threshold, k = 0.2, 4
+        policy = TargetConfidenceLookahead(threshold=threshold, k=k, draft_threshold=draft_threshold)
+        out, expected, steps = run(target, draft_model, policy)
+        assert torch.equal(out.sequences, expected)
+        last = {}  # original row -> target's p of its last committed token
+        plain = drafting = 0
+        for step in steps:
+            for b, row in enumerate(step.rows_host.tolist()):
+                drafted = int(step.drafted_host[b])
+                if row in last and last[row] < threshold:
+                    assert drafted == 0
+                    plain += 1
+                elif drafted:
+                    drafting += 1
+                last[row] = float(step.target_probs_host[b])
+        assert plain > 0 and drafting > 0
