@@ -86,12 +86,16 @@ class DecodeState:
         """Apply the generation config's logits processors to a block of next-token scores.
 
         ``scores[:, j]`` ([B, n, V], float32) is the distribution after each row's committed tokens
-        followed by ``block[:, :j]`` (the drafts before it). Processors see exactly the ``input_ids``
+        followed by the uncommitted tokens before it: ``block`` ([B, m], m >= n - 1) right-aligned,
+        so position j follows ``block[:, :m - n + 1 + j]``. The verifier passes the drafts
+        (m = n - 1: position j follows the first j drafts); a drafter scoring its next token passes
+        what it drafted so far (n = 1: the whole block). Processors see exactly the ``input_ids``
         that ``model.generate`` would show them at that point. Rows of different lengths are
         processed in groups of equal length; with no processors this is free.
         """
         if not self.processors:
             return scores
+        before = block.shape[1] - scores.shape[1] + 1  # uncommitted tokens before position 0
         lengths_host = self.lengths_host[self.rows_host]
         sequences = self.sequences[self.rows]
         for length in lengths_host.unique().tolist():
