@@ -37,7 +37,10 @@ class DecodeState:
     rows: torch.Tensor  # [B] long, original ids of the active rows
     rows_host: torch.Tensor  # [B] long, CPU
     generator: torch.Generator | None = None
-    model_inputs: dict[str, Any] = attrs.Factory(dict)
+    model_inputs: dict[str, Any] = attrs.Factory(dict)  # the request's encoder inputs, all rows
+    # The target's encoder output for every row (original order) once the loop has encoded the
+    # request; None for decoder-only targets. A drafter that shares the target's encoder reads it.
+    encoder_outputs: Any = None
     iteration: int = 0
     target_calls: int = 0
     draft_calls: int = 0
@@ -103,6 +106,6 @@ class DecodeState:
             group = group_host.to(self.device)
             prefix = sequences[group, :length]
             for j in range(scores.shape[1]):
-                input_ids = torch.cat([prefix, block[group, :j]], dim=1)
+                input_ids = torch.cat([prefix, block[group, : before + j]], dim=1)
                 scores[group, j] = self.processors(input_ids, scores[group, j])
         return scores
