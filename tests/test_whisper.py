@@ -134,6 +134,32 @@ class TestEncoderDecoderGenerate:
         out = decoder_for(target, "shared_encoder-copy").generate(prompt, encoder_outputs=encoder_outputs, max_new_tokens=10)
         assert_same(reference, out.sequences)
 
+    def test_not_whisper_only(self):
+        """Another speech encoder-decoder (Moonshine, RoPE decoder, encoder mask in its output) is exact too."""
+        config = transformers.MoonshineConfig(
+            vocab_size=64, hidden_size=32, intermediate_size=64, encoder_num_hidden_layers=1,
+            decoder_num_hidden_layers=1, encoder_num_attention_heads=2, decoder_num_attention_heads=2,
+            max_position_embeddings=128, decoder_start_token_id=1, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+        )
+        torch.manual_seed(0)
+        moonshine = transformers.MoonshineForConditionalGeneration(config).to(torch.float64).eval()
+        with torch.no_grad():
+            for parameter in moonshine.parameters():
+                parameter.mul_(3)
+        audio = torch.randn(3, 4000, dtype=torch.float64)
+        reference = GenerationMixin.generate(moonshine, audio, max_new_tokens=12)
+        for drafter in (NGramDrafter(), ModelDrafter(model=moonshine)):
+            decoder = SpeculativeDecoder(target=moonshine, drafter=drafter, policy=ConstantLookahead(k=3))
+            assert_same(reference, decoder.generate(input_values=audio, max_new_tokens=12).sequences)
+
+    def test_models_without_decoder_positions_are_refused(self):
+        """BART cannot take decoder_position_ids, so holes cannot be hidden: a ConfigError says so."""
+        bart = transformers.BartForConditionalGeneration(transformers.BartConfig(
+            vocab_size=64, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+            decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32)).eval()
+        with pytest.raises(ConfigError, match="decoder_position_ids"):
+            SpeculativeDecoder(target=bart, drafter=NGramDrafter())
+
     def test_missing_encoder_input(self, target):
         """An encoder-decoder target without its encoder input is an InputError naming the input."""
         with pytest.raises(InputError, match="input_features"):

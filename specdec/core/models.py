@@ -13,6 +13,7 @@ import inspect
 import torch
 from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutput
+from transformers.utils import ModelOutput
 
 from ..errors import ConfigError, InputError
 from .cache import SlotCache
@@ -51,10 +52,15 @@ def encoder_hidden_size(model: PreTrainedModel) -> int | None:
     return None
 
 
-def as_encoder_outputs(value) -> BaseModelOutput:
-    """An encoder output as a ``BaseModelOutput`` (from one, a tuple, or a bare hidden-state tensor)."""
-    if isinstance(value, BaseModelOutput):
-        return BaseModelOutput(last_hidden_state=value.last_hidden_state)
+def as_encoder_outputs(value) -> ModelOutput:
+    """An encoder output as a ``ModelOutput`` holding only per-row tensors.
+
+    The model's own output class is kept with its tensor fields (``last_hidden_state``, and the
+    encoder attention mask some models such as Moonshine return); per-layer tuples are dropped.
+    A tuple or a bare hidden-state tensor becomes a ``BaseModelOutput``.
+    """
+    if isinstance(value, ModelOutput):
+        return type(value)(**{name: field for name, field in value.items() if isinstance(field, torch.Tensor)})
     if isinstance(value, torch.Tensor):
         return BaseModelOutput(last_hidden_state=value)
     if isinstance(value, (tuple, list)) and value and isinstance(value[0], torch.Tensor):
@@ -62,6 +68,11 @@ def as_encoder_outputs(value) -> BaseModelOutput:
     raise InputError(
         f"encoder_outputs must be a BaseModelOutput, a tuple or a [batch, frames, hidden] tensor, got {type(value).__name__}"
     )
+
+
+def select_encoder_rows(outputs: ModelOutput, index: torch.Tensor) -> ModelOutput:
+    """The encoder output of the rows in ``index`` (finished rows leave the batch)."""
+    return type(outputs)(**{name: field[index] for name, field in outputs.items()})
 
 
 class CausalLMRunner:
@@ -79,7 +90,7 @@ class CausalLMRunner:
         self._encoder_argument = next(
             (name for name in ("encoder_outputs", "encoder_hidden_states") if _accepts(model, name)), None
         )
-        self.encoder_outputs: BaseModelOutput | None = None
+        self.encoder_outputs: ModelOutput | None = None
 
     @property
     def device(self) -> torch.device:
@@ -95,7 +106,7 @@ class CausalLMRunner:
             return SlotCache(EncoderDecoderCache(DynamicCache(), DynamicCache()), batch_size, self.device)
         return SlotCache(DynamicCache(), batch_size, self.device)
 
-    def begin(self, encoder_outputs=None, **model_inputs) -> BaseModelOutput | None:
+    def begin(self, encoder_outputs=None, **model_inputs) -> ModelOutput | None:
         """Per-request inputs other than tokens. A decoder-only LM reads none of the encoder's
         inputs; one that cross-attends takes the ``encoder_outputs`` (all rows) it should read."""
         self.encoder_outputs = None
@@ -108,7 +119,7 @@ class CausalLMRunner:
     def select_rows(self, index: torch.Tensor) -> None:
         """Finished rows leave the batch (and their encoder output with them)."""
         if self.encoder_outputs is not None:
-            self.encoder_outputs = BaseModelOutput(last_hidden_state=self.encoder_outputs.last_hidden_state[index])
+            self.encoder_outputs = select_encoder_rows(self.encoder_outputs, index)
 
     @torch.no_grad()
     def forward(
@@ -156,7 +167,7 @@ class Seq2SeqRunner:
                 "verify a ragged batch of drafts against an encoder-decoder target"
             )
         self.model = model
-        self.encoder_outputs: BaseModelOutput | None = None
+        self.encoder_outputs: ModelOutput | None = None
         self._encoder_mask: torch.Tensor | None = None  # [B, S] or None
 
     @property
@@ -171,7 +182,7 @@ class Seq2SeqRunner:
         return SlotCache(EncoderDecoderCache(DynamicCache(), DynamicCache()), batch_size, self.device)
 
     @torch.no_grad()
-    def begin(self, encoder_outputs=None, attention_mask=None, **encoder_inputs) -> BaseModelOutput:
+    def begin(self, encoder_outputs=None, attention_mask=None, **encoder_inputs) -> ModelOutput:
         """Encode the request once; return the encoder output for every row.
 
         ``attention_mask`` is the encoder's (over the input frames or tokens), passed to every
@@ -195,7 +206,7 @@ class Seq2SeqRunner:
 
     def select_rows(self, index: torch.Tensor) -> None:
         """Finished rows leave the batch: drop their encoder output (the cache drops their keys)."""
-        self.encoder_outputs = BaseModelOutput(last_hidden_state=self.encoder_outputs.last_hidden_state[index])
+        self.encoder_outputs = select_encoder_rows(self.encoder_outputs, index)
         if self._encoder_mask is not None:
             self._encoder_mask = self._encoder_mask[index]
 
