@@ -180,9 +180,16 @@ class SpeculativeDecoder:
         decoder_mask = model_kwargs.pop("decoder_attention_mask", None)
         model_inputs = {}
         if self.target.config.is_encoder_decoder:
-            for name in ("encoder_outputs", "attention_mask"):
-                if name in model_kwargs:
-                    model_inputs[name] = model_kwargs.pop(name)
+            if "encoder_outputs" in model_kwargs:
+                model_inputs["encoder_outputs"] = model_kwargs.pop("encoder_outputs")
+            encoder_mask = model_kwargs.pop("attention_mask", None)
+            # Whisper's long-form generate hands every window the mask of the whole audio batch;
+            # that mask describes no input of this call (Whisper's decoder ignores it anyway).
+            if encoder_mask is not None and (inputs_tensor is None or encoder_mask.shape[0] != inputs_tensor.shape[0]
+                                             or encoder_mask.shape[-1] != inputs_tensor.shape[-1]):
+                encoder_mask = None
+            if encoder_mask is not None:
+                model_inputs["attention_mask"] = encoder_mask
             if inputs_tensor is not None:  # the raw encoder input, for a draft with its own encoder
                 model_inputs[self._runner.main_input_name] = inputs_tensor
             attention_mask = decoder_mask
@@ -376,6 +383,9 @@ class SpeculativeDecoder:
             raise InputError(
                 f"the encoder input holds {encoder_rows.shape[0]} rows but input_ids (the decoder prompt) holds {batch_size}"
             )
+        encoder_mask = model_inputs.get("attention_mask")
+        if encoder_mask is not None and (not isinstance(encoder_mask, torch.Tensor) or encoder_mask.shape[0] != batch_size):
+            raise InputError(f"encoder_attention_mask must be a tensor with one row per prompt ({batch_size})")
         vocab = vocab_size(target)
         lowest, highest = int(input_ids[mask].min()), int(input_ids[mask].max())
         if lowest < 0 or highest >= vocab:
