@@ -293,6 +293,12 @@ class TestSharedEncoderDrafter:
         with pytest.raises(IncompatibleModelsError, match="no encoder to share"):
             SpeculativeDecoder(target=gpt2, drafter=SharedEncoderDrafter(model=tiny_distil_decoder()))
 
+    def test_refuses_a_draft_without_cross_attention(self, target):
+        """A plain causal LM of the right width and vocabulary cannot read an encoder output."""
+        gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=1768)).to(torch.float64).eval()
+        with pytest.raises(IncompatibleModelsError, match="no cross-attention"):
+            SpeculativeDecoder(target=target, drafter=SharedEncoderDrafter(model=gpt2))
+
     def test_refuses_a_draft_with_its_own_encoder(self, target):
         """A full Whisper as draft belongs to drafter 'model'."""
         with pytest.raises(IncompatibleModelsError, match="drafter 'model'"):
@@ -353,6 +359,16 @@ class TestDecoderOnlyUnchanged:
         assert_same(reference, out.sequences)
         if drafter == "model":
             assert out.stats.acceptance_rate == 1.0
+
+    def test_as_transformers_decoding_method(self, gpt2):
+        """gpt2.generate(custom_generate=decoder.decoding_method()) equals gpt2.generate."""
+        input_ids = torch.tensor([[0, 0, 5, 6, 7], [8, 9, 10, 11, 12]])
+        mask = (input_ids != 0).long()
+        reference = gpt2.generate(input_ids, attention_mask=mask, max_new_tokens=10, do_sample=False)
+        decoder = SpeculativeDecoder(target=gpt2, drafter=NGramDrafter())
+        out = gpt2.generate(input_ids, attention_mask=mask, max_new_tokens=10, do_sample=False,
+                            custom_generate=decoder.decoding_method())
+        assert_same(reference, out)
 
     def test_encoder_inputs_are_refused(self, gpt2):
         """A decoder-only target given input_features is an InputError, not a silent ignore."""

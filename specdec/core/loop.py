@@ -62,7 +62,8 @@ def _target_model(instance, attribute, value):
 # Stopping criteria that ``model.generate`` builds and the loop honours itself (length budget, eos).
 _LOOP_CRITERIA = (MaxLengthCriteria, EosTokenCriteria)
 # What ``decoding_method`` is handed besides the encoder output and masks: the loop makes its own cache.
-_IGNORED_MODEL_KWARGS = {"past_key_values", "use_cache", "logits_to_keep", "cache_position", "return_dict"}
+# (position ids transformers derives from the attention mask; the loop derives the same ones).
+_IGNORED_MODEL_KWARGS = {"past_key_values", "use_cache", "logits_to_keep", "cache_position", "return_dict", "position_ids"}
 
 
 @attrs.define(eq=False)
@@ -364,7 +365,9 @@ class SpeculativeDecoder:
             attention_mask = torch.ones_like(input_ids)
         if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != input_ids.shape:
             shape = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else type(attention_mask).__name__
-            raise InputError(f"attention_mask must have the shape of input_ids {tuple(input_ids.shape)}, got {shape}")
+            hint = (" (for an encoder-decoder target it is the decoder prompt's; the encoder's mask is "
+                    "encoder_attention_mask=)") if target.config.is_encoder_decoder else ""
+            raise InputError(f"attention_mask must have the shape of input_ids {tuple(input_ids.shape)}, got {shape}{hint}")
         mask = attention_mask.to(device=device).bool()
         mask_host = mask.cpu()
         real = mask_host.sum(1)
@@ -470,6 +473,6 @@ class SpeculativeDecoder:
             )
         if encoder_input is not None and not isinstance(encoder_input, torch.Tensor):
             raise InputError(f"{name} must be a torch.Tensor, got {type(encoder_input).__name__}")
-        if isinstance(input_ids, torch.Tensor) and encoder_input is not None and encoder_input.dim() < 2:
+        if encoder_input is not None and encoder_input.dim() < 2:
             raise InputError(f"{name} must have a batch dimension, got shape {tuple(encoder_input.shape)}")
         return encoder_input

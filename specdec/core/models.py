@@ -87,9 +87,14 @@ class CausalLMRunner:
     def __init__(self, model: PreTrainedModel):
         self.model = model
         self._logits_to_keep = _accepts(model, "logits_to_keep")
-        self._encoder_argument = next(
-            (name for name in ("encoder_outputs", "encoder_hidden_states") if _accepts(model, name)), None
-        )
+        # WhisperForCausalLM takes encoder_outputs; BERT/GPT-2-style LMs take encoder_hidden_states,
+        # but only have cross-attention layers when built with add_cross_attention.
+        if _accepts(model, "encoder_outputs"):
+            self._encoder_argument = "encoder_outputs"
+        elif _accepts(model, "encoder_hidden_states") and getattr(model.config, "add_cross_attention", False):
+            self._encoder_argument = "encoder_hidden_states"
+        else:
+            self._encoder_argument = None
         self.encoder_outputs: ModelOutput | None = None
 
     @property
