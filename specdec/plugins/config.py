@@ -153,7 +153,7 @@ class SpecdecConfig:
         for kind, name in (("drafter", drafter), ("policy", policy), ("verifier", verifier)):
             if name is not None and name != getattr(self, kind).use:
                 options = {}
-                if kind == "drafter" and name == "model" and "model" in self.drafter.options:
+                if kind == "drafter" and name in ("model", "shared_encoder") and "model" in self.drafter.options:
                     options = {"model": self.drafter.options["model"]}
                 changes[kind] = ComponentSpec(kind, name, options)
         return attrs.evolve(self, **changes)
