@@ -10,10 +10,11 @@ import soundfile
 import torch
 import transformers
 import typer
-from tiny_whisper import processor, tiny_distil_decoder, tiny_whisper
 from typer.testing import CliRunner
 
 from specdec.transcribe import SAMPLE_RATE, AudioError, read_audio, transcribe_command
+
+from .tiny_whisper import processor, tiny_distil_decoder, tiny_whisper
 
 transformers.logging.set_verbosity_error()
 

@@ -9,7 +9,16 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
-from tiny_whisper import (
+from transformers import GenerationMixin, GPT2Config, GPT2LMHeadModel
+
+from specdec import ConfigError, IncompatibleModelsError, InputError, SpeculativeDecoder
+from specdec.core.models import Seq2SeqRunner, runner_for
+from specdec.drafters import ModelDrafter, NGramDrafter, SharedEncoderDrafter
+from specdec.plugins import get_registry
+from specdec.policies import ConstantLookahead
+from specdec.speech import WhisperSpeculativeDecoder, speculative_whisper_generate
+
+from .tiny_whisper import (
     EOT,
     NO_TIMESTAMPS,
     SOT,
@@ -20,14 +29,6 @@ from tiny_whisper import (
     tiny_distil_decoder,
     tiny_whisper,
 )
-from transformers import GenerationMixin, GPT2Config, GPT2LMHeadModel
-
-from specdec import ConfigError, IncompatibleModelsError, InputError, SpeculativeDecoder
-from specdec.core.models import Seq2SeqRunner, runner_for
-from specdec.drafters import ModelDrafter, NGramDrafter, SharedEncoderDrafter
-from specdec.plugins import get_registry
-from specdec.policies import ConstantLookahead
-from specdec.speech import WhisperSpeculativeDecoder, speculative_whisper_generate
 
 transformers.logging.set_verbosity_error()
 

@@ -1,6 +1,8 @@
 """Observers watch the loop (stats, progress, traces) and never steer it."""
 
 from .base import Observer
+from .progress import ProgressObserver
 from .stats import StatsObserver
+from .trace import TraceObserver
 
-__all__ = ["Observer", "StatsObserver"]
+__all__ = ["Observer", "ProgressObserver", "StatsObserver", "TraceObserver"]

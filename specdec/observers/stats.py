@@ -16,6 +16,8 @@ from .base import Observer
 
 @attrs.define(eq=False)
 class StatsObserver(Observer):
+    """Count drafted and accepted tokens, model calls and wall time into ``DecodeOutput.stats``."""
+
     name = "stats"
 
     stats: DecodeStats = attrs.field(factory=DecodeStats, init=False)

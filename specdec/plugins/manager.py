@@ -27,6 +27,8 @@ DEFAULT_PLUGINS = (
     "specdec.policies.heuristic",
     "specdec.verifiers.greedy",
     "specdec.observers.stats",
+    "specdec.observers.progress",
+    "specdec.observers.trace",
 )
 
 

@@ -9,6 +9,7 @@ import attrs
 from ..errors import ConfigError
 
 KINDS = ("drafter", "policy", "verifier", "observer")
+PLURALS = {"drafter": "drafters", "policy": "policies", "verifier": "verifiers", "observer": "observers"}
 _MISSING = "(required)"
 
 
@@ -110,7 +111,7 @@ class Registry:
             return self._entries[(kind, name)]
         except KeyError:
             known = ", ".join(self.names(kind)) or "none"
-            raise ConfigError(f"unknown {kind} {name!r}; known {kind}s: {known}") from None
+            raise ConfigError(f"unknown {kind} {name!r}; known {PLURALS[kind]}: {known}") from None
 
     def create(self, kind: str, name: str, options: dict[str, Any] | None = None, *, where: str = ""):
         """Build the component registered as ``name`` with ``options``; errors name the field."""

@@ -27,6 +27,8 @@ def _not_below_min(instance, attribute, value):
 
 @attrs.define(eq=False)
 class HeuristicLookahead(LookaheadPolicy):
+    """Per row: +``increase`` after a fully accepted draft, -``decrease`` otherwise (Transformers' schedule)."""
+
     name = "heuristic"
 
     initial: int = attrs.field(default=5, validator=[attrs.validators.instance_of(int), _at_least_one])

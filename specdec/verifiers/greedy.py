@@ -16,6 +16,8 @@ from .base import Verifier
 
 @attrs.define(eq=False)
 class GreedyVerifier(Verifier):
+    """Accept drafts while they equal the target's argmax: output identical to greedy decoding."""
+
     name = "greedy"
 
     def check_generation_config(self, generation_config) -> None:

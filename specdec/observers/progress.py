@@ -1,0 +1,44 @@
+"""``progress``: a rich progress bar over the tokens a request may generate."""
+
+from __future__ import annotations
+
+import attrs
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from ..plugins.hookspecs import hookimpl
+from .base import Observer
+
+
+@attrs.define(eq=False)
+class ProgressObserver(Observer):
+    """Show committed tokens against the budget (rows x max_new_tokens); rows that end early count in full."""
+
+    name = "progress"
+
+    description: str = attrs.field(default="decoding", validator=attrs.validators.instance_of(str))
+    transient: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+    _progress: Progress | None = attrs.field(default=None, init=False, repr=False)
+    _task = attrs.field(default=None, init=False, repr=False)
+
+    def begin(self, state, target) -> None:
+        self._progress = Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            transient=self.transient,
+        )
+        self._progress.start()
+        self._task = self._progress.add_task(self.description, total=state.batch_size * state.max_new_tokens)
+
+    def on_step(self, state, step) -> None:
+        # A finished row will never use the rest of its budget: count it as done.
+        unused = (state.max_new_tokens - (state.lengths_host[step.rows_host] - state.prompt_width)) * step.finished_host
+        self._progress.advance(self._task, int(step.appended_host.sum() + unused.sum()))
+
+    def on_finish(self, state, output) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+
+@hookimpl
+def specdec_register(registry):
+    registry.register_observer("progress", ProgressObserver)

@@ -1,0 +1,59 @@
+"""SlotCache: holes hidden by the mask give the logits of the compact sequence, before and after compaction."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec.core.models import CausalLMRunner
+
+from .conftest import tiny_model
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_holes_and_compaction_match_the_compact_sequence(arch):
+    model = tiny_model(arch)
+    runner = CausalLMRunner(model)
+    generator = torch.Generator().manual_seed(0)
+    batch = 3
+    slots = runner.new_cache(batch)
+    # Three blocks of 8 tokens; after each, rows keep a different prefix and the rest become holes.
+    kept_tokens = [[] for _ in range(batch)]
+    keeps = [[8, 2, 5], [1, 8, 3], [4, 1, 8]]
+    for keep in keeps:
+        block = torch.randint(3, 61, (batch, 8), generator=generator)
+        runner.forward(slots, block, torch.ones(batch, 8, dtype=torch.bool), logits_to_keep=1)
+        slots.drop_tail(8, keep_columns=torch.tensor(keep))
+        for row in range(batch):
+            kept_tokens[row] += block[row, : keep[row]].tolist()
+    probe = torch.randint(3, 61, (batch, 1), generator=generator)
+
+    # Reference: each row's kept tokens alone, as a fresh sequence.
+    expected = []
+    for row in range(batch):
+        ids = torch.tensor([kept_tokens[row] + [int(probe[row])]])
+        expected.append(model(ids).logits[0, -1])
+    expected = torch.stack(expected)
+
+    widest = max(len(t) for t in kept_tokens)
+    assert slots.length == 24 and slots.n_valid.tolist() == [len(t) for t in kept_tokens]
+    slots.compact(widest)
+    assert slots.length == widest and slots.compactions == 1
+    got = runner.forward(slots, probe, torch.ones(batch, 1, dtype=torch.bool), logits_to_keep=1)[:, -1]
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+
+
+def test_holes_without_compaction_match_too():
+    model = tiny_model("llama")
+    runner = CausalLMRunner(model)
+    slots = runner.new_cache(2)
+    block = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
+    runner.forward(slots, block, torch.ones(2, 4, dtype=torch.bool), logits_to_keep=1)
+    slots.drop_tail(4, keep_columns=torch.tensor([2, 3]))
+    probe = torch.tensor([[20], [21]])
+    got = runner.forward(slots, probe, torch.ones(2, 1, dtype=torch.bool), logits_to_keep=1)[:, -1]
+    expected = torch.stack(
+        [model(torch.tensor([[5, 6, 20]])).logits[0, -1], model(torch.tensor([[9, 10, 11, 21]])).logits[0, -1]]
+    )
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+    assert slots.compactions == 0 and slots.length == 5
