@@ -141,7 +141,7 @@ def _transcribe_batch(whisper, processor, audios: list[Audio], long_form: bool, 
 
 def transcribe_command(
     files: list[Path] = typer.Argument(..., help="Audio files (wav, flac, ogg, ...), any sample rate and channels."),
-    config: Path = typer.Option(..., "--config", "-c", help="TOML file: [target] model = Whisper folder, [drafter] ..."),
+    config: Path = typer.Option(..., "--config", "-c", help="TOML file: \\[target] model = a Whisper folder, \\[drafter] use = a drafter."),
     timestamps: bool = typer.Option(False, "--timestamps", help="Print segments with their start and end times."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document: texts, segments and stats."),
     language: Optional[str] = typer.Option(None, "--language", help="Force the spoken language (e.g. en, german); default: detect."),
