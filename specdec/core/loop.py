@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, Callable
 
 import attrs
 import pluggy
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel
+from transformers.generation import GenerateDecoderOnlyOutput, GenerateEncoderDecoderOutput
+from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
 from ..drafters.base import Drafter
 from ..errors import ConfigError, InputError
@@ -17,7 +19,7 @@ from ..observers.stats import StatsObserver
 from ..plugins import hookspecs
 from ..policies.base import LookaheadPolicy
 from ..verifiers.base import Verifier
-from .models import CausalLMRunner, context_length, vocab_size
+from .models import CausalLMRunner, Seq2SeqRunner, as_encoder_outputs, context_length, runner_for, vocab_size
 from .state import DecodeState
 from .types import DecodeOutput, Draft, Step
 
@@ -53,10 +55,15 @@ def _observers(instance, attribute, value):
 def _target_model(instance, attribute, value):
     if not isinstance(value, PreTrainedModel) or not hasattr(value, "generate"):
         raise ConfigError(f"target must be a transformers generative model, got {type(value).__name__}")
-    if value.config.is_encoder_decoder:
-        raise ConfigError(
-            f"target {type(value).__name__} is an encoder-decoder model; this decoder runs decoder-only targets"
-        )
+    # An encoder-decoder target must take the decoder mask and positions holes need (runner_for checks).
+    runner_for(value)
+
+
+# Stopping criteria that ``model.generate`` builds and the loop honours itself (length budget, eos).
+_LOOP_CRITERIA = (MaxLengthCriteria, EosTokenCriteria)
+# What ``decoding_method`` is handed besides the encoder output and masks: the loop makes its own cache.
+# (position ids transformers derives from the attention mask; the loop derives the same ones).
+_IGNORED_MODEL_KWARGS = {"past_key_values", "use_cache", "logits_to_keep", "cache_position", "return_dict", "position_ids"}
 
 
 @attrs.define(eq=False)
@@ -75,12 +82,12 @@ class SpeculativeDecoder:
     observers: list[Observer] = attrs.field(factory=list, converter=list, validator=_observers)
     _hooks: Any = attrs.field(init=False, repr=False)
     _stats: StatsObserver = attrs.field(init=False, repr=False)
-    _runner: CausalLMRunner = attrs.field(init=False, repr=False)
+    _runner: CausalLMRunner | Seq2SeqRunner = attrs.field(init=False, repr=False)
 
     def __attrs_post_init__(self):
         self.drafter.check_target(self.target)
         self.target.eval()
-        self._runner = CausalLMRunner(self.target)
+        self._runner = runner_for(self.target)
         self._stats = StatsObserver()
         manager = pluggy.PluginManager(hookspecs.PROJECT)
         manager.add_hookspecs(hookspecs)
@@ -104,7 +111,7 @@ class SpeculativeDecoder:
     @torch.no_grad()
     def generate(
         self,
-        input_ids: torch.Tensor,
+        input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         max_new_tokens: int | None = None,
         generation_config: GenerationConfig | None = None,
@@ -115,9 +122,102 @@ class SpeculativeDecoder:
 
         Takes the arguments of ``model.generate`` (other generation options as keyword
         arguments, or a ``generation_config``); ``generator`` makes sampling reproducible.
+        For an encoder-decoder target, ``input_ids``/``attention_mask`` are the decoder prompt
+        (default: the decoder start token) and the encoder's input goes by its name
+        (``input_features=...`` for Whisper, or a precomputed ``encoder_outputs=...``, with
+        ``encoder_attention_mask=...`` where the encoder takes one); it is encoded once.
         """
-        state = self._prepare(input_ids, attention_mask, max_new_tokens, generation_config, generator, kwargs)
+        model_inputs = self._split_model_inputs(kwargs)
+        state = self._prepare(
+            input_ids, attention_mask, max_new_tokens, generation_config, generator, kwargs, model_inputs=model_inputs
+        )
+        return self._decode(state)
+
+    def decoding_method(self, on_output: Callable[[DecodeOutput], None] | None = None) -> Callable:
+        """This decoder as a transformers decoding method: ``model.generate(..., custom_generate=it)``.
+
+        ``model.generate`` then does everything but the decoding loop exactly as it always does (the
+        decoder prompt, the encoder pass, its logits processors; for Whisper the forced language and
+        task tokens, the timestamp rules and 30-second long-form windows) and hands this loop the
+        prepared inputs. The loop honours the length and eos stopping criteria itself and refuses
+        others. ``on_output`` receives each call's ``DecodeOutput`` (stats included).
+        """
+
+        def specdec_decoding_method(
+            model, input_ids, logits_processor=None, stopping_criteria=None, generation_config=None,
+            inputs_tensor=None, **model_kwargs,
+        ):
+            output = self._decode_prepared(
+                model, input_ids, logits_processor, stopping_criteria, generation_config, inputs_tensor, model_kwargs
+            )
+            if on_output is not None:
+                on_output(output)
+            config = generation_config
+            if config is not None and config.return_dict_in_generate:
+                wanted = [name for name in ("output_scores", "output_logits", "output_attentions", "output_hidden_states")
+                          if getattr(config, name, False)]
+                if wanted:
+                    raise ConfigError(
+                        f"specdec returns token ids only; it cannot honour {', '.join(wanted)} (for Whisper: "
+                        "no logprob_threshold, no_speech_threshold or return_token_timestamps)"
+                    )
+                kind = GenerateEncoderDecoderOutput if self.target.config.is_encoder_decoder else GenerateDecoderOnlyOutput
+                return kind(sequences=output.sequences)
+            return output.sequences
+
+        return specdec_decoding_method
+
+    def _decode_prepared(self, model, input_ids, processors, criteria, config, inputs_tensor, model_kwargs) -> DecodeOutput:
+        if model is not self.target:
+            raise ConfigError(
+                f"this decoder's target is a {type(self.target).__name__}; call its own generate, not that of "
+                f"another {type(model).__name__}"
+            )
+        for criterion in criteria or ():
+            if not isinstance(criterion, _LOOP_CRITERIA):
+                raise ConfigError(f"specdec cannot honour the stopping criterion {type(criterion).__name__}")
+        model_kwargs = {name: value for name, value in model_kwargs.items()
+                        if name not in _IGNORED_MODEL_KWARGS and value is not None}
+        decoder_mask = model_kwargs.pop("decoder_attention_mask", None)
+        model_inputs = {}
+        if self.target.config.is_encoder_decoder:
+            if "encoder_outputs" in model_kwargs:
+                model_inputs["encoder_outputs"] = model_kwargs.pop("encoder_outputs")
+            encoder_mask = model_kwargs.pop("attention_mask", None)
+            # Whisper's long-form generate hands every window the mask of the whole audio batch;
+            # that mask describes no input of this call (Whisper's decoder ignores it anyway).
+            if encoder_mask is not None and (inputs_tensor is None or encoder_mask.shape[0] != inputs_tensor.shape[0]
+                                             or encoder_mask.shape[-1] != inputs_tensor.shape[-1]):
+                encoder_mask = None
+            if encoder_mask is not None:
+                model_inputs["attention_mask"] = encoder_mask
+            if inputs_tensor is not None:  # the raw encoder input, for a draft with its own encoder
+                model_inputs[self._runner.main_input_name] = inputs_tensor
+            attention_mask = decoder_mask
+        else:
+            attention_mask = model_kwargs.pop("attention_mask", None)
+        if model_kwargs:
+            raise InputError(f"specdec cannot pass these inputs to the target: {', '.join(sorted(model_kwargs))}")
+        max_new_tokens = config.max_length - input_ids.shape[1]
+        state = self._prepare(
+            input_ids, attention_mask, max_new_tokens, config, None, {}, model_inputs=model_inputs, processors=processors
+        )
+        return self._decode(state)
+
+    def _split_model_inputs(self, kwargs: dict) -> dict:
+        """Take the encoder's inputs out of ``generate``'s keyword arguments."""
+        if not self.target.config.is_encoder_decoder:
+            return {}
+        names = {self._runner.main_input_name, "encoder_outputs"}
+        model_inputs = {name: kwargs.pop(name) for name in list(kwargs) if name in names}
+        if "encoder_attention_mask" in kwargs:
+            model_inputs["attention_mask"] = kwargs.pop("encoder_attention_mask")
+        return model_inputs
+
+    def _decode(self, state: DecodeState) -> DecodeOutput:
         hooks = self._hooks
+        # The encoder runs once per request; drafters that share it read state.encoder_outputs.
+        state.encoder_outputs = self._runner.begin(encoder_outputs=state.encoder_outputs, **state.model_inputs)
         hooks.specdec_begin(state=state, target=self.target)
         target_slots = self._runner.new_cache(state.batch_size)
         # Buffer positions of each row the target's cache covers (all committed tokens but the last).
@@ -233,9 +333,26 @@ class SpeculativeDecoder:
 
     # --- input checks ----------------------------------------------------------------------------
 
-    def _prepare(self, input_ids, attention_mask, max_new_tokens, generation_config, generator, kwargs) -> DecodeState:
+    def _prepare(
+        self, input_ids, attention_mask, max_new_tokens, generation_config, generator, kwargs,
+        model_inputs=None, processors=None,
+    ) -> DecodeState:
         target = self.target
         device = target.device
+        model_inputs = dict(model_inputs or {})
+        encoder_outputs = model_inputs.pop("encoder_outputs", None)
+        if encoder_outputs is not None:
+            encoder_outputs = as_encoder_outputs(encoder_outputs)
+        encoder_input = self._check_encoder_inputs(model_inputs, encoder_outputs, input_ids)
+        if input_ids is None and target.config.is_encoder_decoder:
+            start = (generation_config or target.generation_config).decoder_start_token_id
+            start = start if start is not None else target.config.decoder_start_token_id
+            if start is None:
+                raise InputError("no decoder prompt: pass input_ids (the target has no decoder_start_token_id)")
+            batch = (encoder_input if encoder_input is not None else encoder_outputs.last_hidden_state).shape[0]
+            input_ids = torch.full((batch, 1), int(start), dtype=torch.long, device=device)
+        if input_ids is None:
+            raise InputError("input_ids is required: the prompt token ids [batch, length]")
         if not isinstance(input_ids, torch.Tensor):
             raise InputError(f"input_ids must be a torch.Tensor of token ids, got {type(input_ids).__name__}")
         if input_ids.dim() != 2:
@@ -252,7 +369,9 @@ class SpeculativeDecoder:
             attention_mask = torch.ones_like(input_ids)
         if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != input_ids.shape:
             shape = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else type(attention_mask).__name__
-            raise InputError(f"attention_mask must have the shape of input_ids {tuple(input_ids.shape)}, got {shape}")
+            hint = (" (for an encoder-decoder target it is the decoder prompt's; the encoder's mask is "
+                    "encoder_attention_mask=)") if target.config.is_encoder_decoder else ""
+            raise InputError(f"attention_mask must have the shape of input_ids {tuple(input_ids.shape)}, got {shape}{hint}")
         mask = attention_mask.to(device=device).bool()
         mask_host = mask.cpu()
         real = mask_host.sum(1)
@@ -262,9 +381,18 @@ class SpeculativeDecoder:
         # Left padding only: once a row's real tokens start, they run to the end.
         if bool((mask_host.long().diff(dim=1) < 0).any()):
             raise InputError(
-                "right padding is not supported for decoder-only models: pad on the left "
+                "right padding is not supported for decoder-only models or decoder prompts: pad on the left "
                 "(tokenizer.padding_side = 'left')"
             )
+        encoder_rows = encoder_input if encoder_input is not None else (
+            None if encoder_outputs is None else encoder_outputs.last_hidden_state)
+        if encoder_rows is not None and encoder_rows.shape[0] != batch_size:
+            raise InputError(
+                f"the encoder input holds {encoder_rows.shape[0]} rows but input_ids (the decoder prompt) holds {batch_size}"
+            )
+        encoder_mask = model_inputs.get("attention_mask")
+        if encoder_mask is not None and (not isinstance(encoder_mask, torch.Tensor) or encoder_mask.shape[0] != batch_size):
+            raise InputError(f"encoder_attention_mask must be a tensor with one row per prompt ({batch_size})")
         vocab = vocab_size(target)
         lowest, highest = int(input_ids[mask].min()), int(input_ids[mask].max())
         if lowest < 0 or highest >= vocab:
@@ -297,15 +425,16 @@ class SpeculativeDecoder:
         eos = config.eos_token_id
         eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
         pad = config.pad_token_id if config.pad_token_id is not None else (eos[0] if eos else 0)
-        processors = target._get_logits_processor(
-            generation_config=config,
-            input_ids_seq_length=width,
-            encoder_input_ids=input_ids,
-            prefix_allowed_tokens_fn=None,
-            logits_processor=LogitsProcessorList(),
-            device=device,
-            model_kwargs={"attention_mask": attention_mask},
-        )
+        if processors is None:
+            processors = target._get_logits_processor(
+                generation_config=config,
+                input_ids_seq_length=width,
+                encoder_input_ids=encoder_input if encoder_input is not None else input_ids,
+                prefix_allowed_tokens_fn=None,
+                logits_processor=LogitsProcessorList(),
+                device=device,
+                model_kwargs={"attention_mask": attention_mask},
+            )
 
         total = width + max_new
         sequences = torch.full((batch_size, total + 1), pad, dtype=torch.long, device=device)
@@ -328,4 +457,26 @@ class SpeculativeDecoder:
             rows_host=torch.arange(batch_size),
             generator=generator,
             do_sample=bool(config.do_sample),
+            model_inputs=model_inputs,
+            encoder_outputs=encoder_outputs,
         )
+
+    def _check_encoder_inputs(self, model_inputs: dict, encoder_outputs, input_ids) -> torch.Tensor | None:
+        """Check the encoder's inputs against the target; return its main input (or None)."""
+        target = self.target
+        if not target.config.is_encoder_decoder:
+            if model_inputs or encoder_outputs is not None:
+                raise InputError(f"{type(target).__name__} is decoder-only: it takes no encoder inputs")
+            return None
+        name = self._runner.main_input_name
+        encoder_input = model_inputs.get(name)
+        if encoder_input is None and encoder_outputs is None:
+            raise InputError(
+                f"{type(target).__name__} is an encoder-decoder model: pass its encoder input ({name}=...) "
+                "or encoder_outputs=..."
+            )
+        if encoder_input is not None and not isinstance(encoder_input, torch.Tensor):
+            raise InputError(f"{name} must be a torch.Tensor, got {type(encoder_input).__name__}")
+        if encoder_input is not None and encoder_input.dim() < 2:
+            raise InputError(f"{name} must have a batch dimension, got shape {tuple(encoder_input.shape)}")
+        return encoder_input

@@ -2,6 +2,8 @@
 
 The loop and the model drafter speak to models only through these, so a decoder-only LM and an
 encoder-decoder model look the same to them: tokens in, logits out, holes allowed.
+``runner_for(model)`` picks the runner; ``begin(**model_inputs)`` takes a request's inputs other
+than tokens (an encoder-decoder runner encodes here, once per request).
 """
 
 from __future__ import annotations
@@ -9,8 +11,11 @@ from __future__ import annotations
 import inspect
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
+from transformers.modeling_outputs import BaseModelOutput
+from transformers.utils import ModelOutput
 
+from ..errors import ConfigError, InputError
 from .cache import SlotCache
 
 
@@ -35,25 +40,91 @@ def context_length(model: PreTrainedModel) -> int | None:
     return None
 
 
+def encoder_hidden_size(model: PreTrainedModel) -> int | None:
+    """The width of the encoder output an encoder-decoder model's decoder cross-attends to."""
+    config = model.config
+    encoder = getattr(config, "encoder", None)  # EncoderDecoderModel-style configs
+    for source in (encoder, config):
+        for name in ("d_model", "hidden_size"):
+            value = getattr(source, name, None) if source is not None else None
+            if isinstance(value, int) and value > 0:
+                return value
+    return None
+
+
+def as_encoder_outputs(value) -> ModelOutput:
+    """An encoder output as a ``ModelOutput`` holding only per-row tensors.
+
+    The model's own output class is kept with its tensor fields (``last_hidden_state``, and the
+    encoder attention mask some models such as Moonshine return); per-layer tuples are dropped.
+    A tuple or a bare hidden-state tensor becomes a ``BaseModelOutput``.
+    """
+    if isinstance(value, ModelOutput):
+        return type(value)(**{name: field for name, field in value.items() if isinstance(field, torch.Tensor)})
+    if isinstance(value, torch.Tensor):
+        return BaseModelOutput(last_hidden_state=value)
+    if isinstance(value, (tuple, list)) and value and isinstance(value[0], torch.Tensor):
+        return BaseModelOutput(last_hidden_state=value[0])
+    raise InputError(
+        f"encoder_outputs must be a BaseModelOutput, a tuple or a [batch, frames, hidden] tensor, got {type(value).__name__}"
+    )
+
+
+def select_encoder_rows(outputs: ModelOutput, index: torch.Tensor) -> ModelOutput:
+    """The encoder output of the rows in ``index`` (finished rows leave the batch)."""
+    return type(outputs)(**{name: field[index] for name, field in outputs.items()})
+
+
 class CausalLMRunner:
-    """Runs a decoder-only ``*ForCausalLM`` on ragged blocks over a cache with holes."""
+    """Runs a decoder-only ``*ForCausalLM`` on ragged blocks over a cache with holes.
+
+    A decoder-only LM that cross-attends to an encoder output it did not compute (a Distil-Whisper
+    decoder loaded as ``WhisperForCausalLM`` reading the target's encoder) is given that output in
+    ``begin(encoder_outputs=...)``; its cache then keeps the cross-attention keys apart, computed
+    once, exactly as an encoder-decoder model's does.
+    """
 
     def __init__(self, model: PreTrainedModel):
         self.model = model
         self._logits_to_keep = _accepts(model, "logits_to_keep")
+        # WhisperForCausalLM takes encoder_outputs; BERT/GPT-2-style LMs take encoder_hidden_states,
+        # but only have cross-attention layers when built with add_cross_attention.
+        if _accepts(model, "encoder_outputs"):
+            self._encoder_argument = "encoder_outputs"
+        elif _accepts(model, "encoder_hidden_states") and getattr(model.config, "add_cross_attention", False):
+            self._encoder_argument = "encoder_hidden_states"
+        else:
+            self._encoder_argument = None
+        self.encoder_outputs: ModelOutput | None = None
 
     @property
     def device(self) -> torch.device:
         return self.model.device
 
+    @property
+    def cross_attends(self) -> bool:
+        """Whether the model can read an encoder output (``encoder_outputs`` / ``encoder_hidden_states``)."""
+        return self._encoder_argument is not None
+
     def new_cache(self, batch_size: int) -> SlotCache:
+        if self.encoder_outputs is not None:
+            return SlotCache(EncoderDecoderCache(DynamicCache(), DynamicCache()), batch_size, self.device)
         return SlotCache(DynamicCache(), batch_size, self.device)
 
-    def begin(self, **model_inputs) -> None:
-        """Per-request inputs other than tokens (an encoder-decoder runner encodes here)."""
+    def begin(self, encoder_outputs=None, **model_inputs) -> ModelOutput | None:
+        """Per-request inputs other than tokens. A decoder-only LM reads none of the encoder's
+        inputs; one that cross-attends takes the ``encoder_outputs`` (all rows) it should read."""
+        self.encoder_outputs = None
+        if encoder_outputs is not None:
+            if not self.cross_attends:
+                raise ConfigError(f"{type(self.model).__name__} has no cross-attention: it cannot read an encoder output")
+            self.encoder_outputs = as_encoder_outputs(encoder_outputs)
+        return self.encoder_outputs
 
     def select_rows(self, index: torch.Tensor) -> None:
-        """Finished rows leave the batch (an encoder-decoder runner drops their encoder output)."""
+        """Finished rows leave the batch (and their encoder output with them)."""
+        if self.encoder_outputs is not None:
+            self.encoder_outputs = select_encoder_rows(self.encoder_outputs, index)
 
     @torch.no_grad()
     def forward(
@@ -67,6 +138,9 @@ class CausalLMRunner:
         kwargs = {}
         if self._logits_to_keep:
             kwargs["logits_to_keep"] = logits_to_keep
+        if self.encoder_outputs is not None:
+            hidden = self.encoder_outputs.last_hidden_state  # [B, S, D]
+            kwargs[self._encoder_argument] = self.encoder_outputs if self._encoder_argument == "encoder_outputs" else hidden
         out = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -76,3 +150,94 @@ class CausalLMRunner:
             **kwargs,
         )
         return out.logits[:, -logits_to_keep:]
+
+
+class Seq2SeqRunner:
+    """Runs an encoder-decoder model (``WhisperForConditionalGeneration``, ...) on ragged decoder blocks.
+
+    ``begin`` encodes the request once (or takes an ``encoder_outputs`` someone already computed);
+    every ``forward`` reuses it, and the cross-attention keys the first forward computes stay in the
+    ``EncoderDecoderCache`` (the ``SlotCache`` never puts holes in them). Holes in the decoder's
+    self-attention are hidden by ``decoder_attention_mask``, and ``decoder_position_ids`` count only
+    valid slots, so the model must accept both.
+    """
+
+    REQUIRED = ("encoder_outputs", "decoder_input_ids", "decoder_attention_mask", "decoder_position_ids")
+
+    def __init__(self, model: PreTrainedModel):
+        missing = [name for name in self.REQUIRED if not _accepts(model, name)]
+        if missing:
+            raise ConfigError(
+                f"{type(model).__name__}.forward does not take {', '.join(missing)}: specdec needs them to "
+                "verify a ragged batch of drafts against an encoder-decoder target"
+            )
+        self.model = model
+        self.encoder_outputs: ModelOutput | None = None
+        self._encoder_mask: torch.Tensor | None = None  # [B, S] or None
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
+    def main_input_name(self) -> str:
+        return self.model.get_encoder().main_input_name
+
+    def new_cache(self, batch_size: int) -> SlotCache:
+        return SlotCache(EncoderDecoderCache(DynamicCache(), DynamicCache()), batch_size, self.device)
+
+    @torch.no_grad()
+    def begin(self, encoder_outputs=None, attention_mask=None, **encoder_inputs) -> ModelOutput:
+        """Encode the request once; return the encoder output for every row.
+
+        ``attention_mask`` is the encoder's (over the input frames or tokens), passed to every
+        forward; ``encoder_outputs``, when given, is used instead of running the encoder.
+        """
+        self._encoder_mask = None if attention_mask is None else attention_mask.to(self.device)
+        if encoder_outputs is None:
+            if not encoder_inputs:
+                raise InputError(
+                    f"{type(self.model).__name__} is an encoder-decoder model: pass its encoder input "
+                    f"({self.main_input_name}=...) or encoder_outputs=..."
+                )
+            encoder = self.model.get_encoder()
+            kwargs = {name: value.to(self.device) if isinstance(value, torch.Tensor) else value
+                      for name, value in encoder_inputs.items()}
+            if self._encoder_mask is not None and "attention_mask" in inspect.signature(encoder.forward).parameters:
+                kwargs["attention_mask"] = self._encoder_mask
+            encoder_outputs = encoder(**kwargs, return_dict=True)
+        self.encoder_outputs = as_encoder_outputs(encoder_outputs)
+        return self.encoder_outputs
+
+    def select_rows(self, index: torch.Tensor) -> None:
+        """Finished rows leave the batch: drop their encoder output (the cache drops their keys)."""
+        self.encoder_outputs = select_encoder_rows(self.encoder_outputs, index)
+        if self._encoder_mask is not None:
+            self._encoder_mask = self._encoder_mask[index]
+
+    @torch.no_grad()
+    def forward(
+        self,
+        slots: SlotCache,
+        input_ids: torch.Tensor,  # [B, n] decoder tokens
+        valid: torch.Tensor,  # [B, n] bool
+        logits_to_keep: int,
+    ) -> torch.Tensor:  # [B, logits_to_keep, V]
+        attention_mask, position_ids = slots.extend(valid)  # [B, L + n], [B, n]
+        out = self.model(
+            encoder_outputs=self.encoder_outputs,
+            attention_mask=self._encoder_mask,
+            decoder_input_ids=input_ids,
+            decoder_attention_mask=attention_mask,
+            decoder_position_ids=position_ids,
+            past_key_values=slots.cache,
+            use_cache=True,
+        )
+        return out.logits[:, -logits_to_keep:]
+
+
+def runner_for(model: PreTrainedModel) -> CausalLMRunner | Seq2SeqRunner:
+    """The runner that calls ``model``: encoder-decoder models get a ``Seq2SeqRunner``."""
+    if model.config.is_encoder_decoder:
+        return Seq2SeqRunner(model)
+    return CausalLMRunner(model)

@@ -37,7 +37,10 @@ class DecodeState:
     rows: torch.Tensor  # [B] long, original ids of the active rows
     rows_host: torch.Tensor  # [B] long, CPU
     generator: torch.Generator | None = None
-    model_inputs: dict[str, Any] = attrs.Factory(dict)
+    model_inputs: dict[str, Any] = attrs.Factory(dict)  # the request's encoder inputs, all rows
+    # The target's encoder output for every row (original order) once the loop has encoded the
+    # request; None for decoder-only targets. A drafter that shares the target's encoder reads it.
+    encoder_outputs: Any = None
     iteration: int = 0
     target_calls: int = 0
     draft_calls: int = 0
@@ -86,12 +89,16 @@ class DecodeState:
         """Apply the generation config's logits processors to a block of next-token scores.
 
         ``scores[:, j]`` ([B, n, V], float32) is the distribution after each row's committed tokens
-        followed by ``block[:, :j]`` (the drafts before it). Processors see exactly the ``input_ids``
+        followed by the uncommitted tokens before it: ``block`` ([B, m], m >= n - 1) right-aligned,
+        so position j follows ``block[:, :m - n + 1 + j]``. The verifier passes the drafts
+        (m = n - 1: position j follows the first j drafts); a drafter scoring its next token passes
+        what it drafted so far (n = 1: the whole block). Processors see exactly the ``input_ids``
         that ``model.generate`` would show them at that point. Rows of different lengths are
         processed in groups of equal length; with no processors this is free.
         """
         if not self.processors:
             return scores
+        before = block.shape[1] - scores.shape[1] + 1  # uncommitted tokens before position 0
         lengths_host = self.lengths_host[self.rows_host]
         sequences = self.sequences[self.rows]
         for length in lengths_host.unique().tolist():
@@ -99,6 +106,6 @@ class DecodeState:
             group = group_host.to(self.device)
             prefix = sequences[group, :length]
             for j in range(scores.shape[1]):
-                input_ids = torch.cat([prefix, block[group, :j]], dim=1)
+                input_ids = torch.cat([prefix, block[group, : before + j]], dim=1)
                 scores[group, j] = self.processors(input_ids, scores[group, j])
         return scores

@@ -3,5 +3,6 @@
 from .base import Drafter
 from .model import ModelDrafter
 from .ngram import NGramDrafter
+from .shared_encoder import SharedEncoderDrafter
 
-__all__ = ["Drafter", "ModelDrafter", "NGramDrafter"]
+__all__ = ["Drafter", "ModelDrafter", "NGramDrafter", "SharedEncoderDrafter"]

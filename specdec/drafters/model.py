@@ -1,9 +1,14 @@
-"""``model``: a small causal LM with the target's vocabulary drafts token by token.
+"""``model``: a small model with the target's vocabulary drafts token by token.
 
 The draft keeps its own KV cache across iterations under the same rules as the target's (rejected
 drafts become holes), so it never re-reads the prefix: each draft starts by reading the tokens the
 target committed that the draft has not seen (the correction or bonus token, and the last accepted
 draft), together in one ragged block, then drafts one token per forward.
+
+For an encoder-decoder target the draft is an encoder-decoder model too (whisper-tiny drafting
+for a large Whisper): it encodes the request's input with its own encoder, once per request.
+``shared_encoder`` (drafters/shared_encoder.py) reuses all of this with a decoder that reads the
+target's encoder output instead.
 """
 
 from __future__ import annotations
@@ -12,9 +17,9 @@ from pathlib import Path
 
 import attrs
 import torch
-from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoModelForSpeechSeq2Seq, PreTrainedModel
 
-from ..core.models import CausalLMRunner, vocab_size
+from ..core.models import CausalLMRunner, Seq2SeqRunner, runner_for, vocab_size
 from ..core.sampling import sample
 from ..core.types import Draft
 from ..errors import ConfigError, IncompatibleModelsError
@@ -33,16 +38,27 @@ def load_pretrained(auto_class, model: str | Path, *, dtype: torch.dtype | str |
         raise ConfigError(f"{who}: cannot load model {str(model)!r}: {exc}") from exc
 
 
+def load_seq2seq(model: str | Path, *, dtype, who: str):
+    """Load an encoder-decoder model: a speech one (Whisper) first, then a text one (T5, BART)."""
+    try:
+        return load_pretrained(AutoModelForSpeechSeq2Seq, model, dtype=dtype, who=who)
+    except ConfigError as speech_error:
+        try:
+            return load_pretrained(AutoModelForSeq2SeqLM, model, dtype=dtype, who=who)
+        except ConfigError:
+            raise speech_error from None
+
+
 def _model_or_path(instance, attribute, value):
     if not isinstance(value, (PreTrainedModel, str, Path)):
         raise ConfigError(
-            f"drafter 'model': 'model' must be a transformers PreTrainedModel or a path, got {type(value).__name__}"
+            f"drafter '{instance.name}': 'model' must be a transformers PreTrainedModel or a path, got {type(value).__name__}"
         )
 
 
 @attrs.define(eq=False)
 class ModelDrafter(Drafter):
-    """Draft with a small causal LM that shares the target's tokenizer.
+    """Draft with a small model that shares the target's tokenizer (encoder-decoder for an encoder-decoder target).
 
     ``model``: the draft model, or a path to load it from (in the target's dtype, on its device).
     """
@@ -50,31 +66,58 @@ class ModelDrafter(Drafter):
     name = "model"
 
     model: PreTrainedModel | str = attrs.field(validator=_model_or_path)
-    _runner: CausalLMRunner | None = attrs.field(default=None, init=False, repr=False)
+    _runner: CausalLMRunner | Seq2SeqRunner | None = attrs.field(default=None, init=False, repr=False)
     _slots = attrs.field(default=None, init=False, repr=False)
     _fed_host: torch.Tensor | None = attrs.field(default=None, init=False, repr=False)
     _catch_up_width: int = attrs.field(default=0, init=False, repr=False)
     _drafts_fed: int = attrs.field(default=0, init=False, repr=False)
 
     def check_target(self, target) -> None:
+        who = f"drafter '{self.name}'"
         if not isinstance(self.model, PreTrainedModel):
-            self.model = load_pretrained(AutoModelForCausalLM, self.model, dtype=target.dtype, who="drafter 'model'")
+            if target.config.is_encoder_decoder:
+                self.model = load_seq2seq(self.model, dtype=target.dtype, who=who)
+            else:
+                self.model = load_pretrained(AutoModelForCausalLM, self.model, dtype=target.dtype, who=who)
+        self._check_vocabulary(target)
+        if self.model.config.is_encoder_decoder != target.config.is_encoder_decoder:
+            raise IncompatibleModelsError(
+                f"{who}: the draft and the target must both be decoder-only or both encoder-decoder "
+                f"(draft {type(self.model).__name__}, target {type(target).__name__}); for a decoder that "
+                "reads the target's encoder output use drafter 'shared_encoder'"
+            )
+        if target.config.is_encoder_decoder:
+            runner_for(self.model)  # the draft must take decoder masks and positions too
+            draft_input, target_input = _encoder_input_shape(self.model), _encoder_input_shape(target)
+            if draft_input != target_input:
+                raise IncompatibleModelsError(
+                    f"{who}: the draft's encoder reads {draft_input[1]}={draft_input[0]} but the target's reads "
+                    f"{target_input[1]}={target_input[0]}; both must read the same {target.main_input_name}"
+                )
+
+    def _check_vocabulary(self, target) -> None:
         draft_vocab, target_vocab = vocab_size(self.model), vocab_size(target)
         if draft_vocab != target_vocab:
             raise IncompatibleModelsError(
-                f"drafter 'model': the draft model's vocabulary has {draft_vocab} tokens but the "
+                f"drafter '{self.name}': the draft model's vocabulary has {draft_vocab} tokens but the "
                 f"target's has {target_vocab}; a draft model must share the target's tokenizer"
             )
-        if self.model.config.is_encoder_decoder != target.config.is_encoder_decoder:
-            raise IncompatibleModelsError(
-                "drafter 'model': the draft and the target must both be decoder-only or both encoder-decoder"
+
+    def _start_runner(self, state):
+        """The runner for this request, given what it reads besides tokens (encoder inputs)."""
+        runner = runner_for(self.model)
+        if isinstance(runner, Seq2SeqRunner) and runner.main_input_name not in state.model_inputs:
+            raise ConfigError(
+                f"drafter '{self.name}': the encoder-decoder draft encodes the input with its own encoder; "
+                f"pass {runner.main_input_name}=..., not only the target's encoder_outputs"
             )
+        runner.begin(**state.model_inputs)
+        return runner
 
     def begin(self, state, target) -> None:
         if self.model.device != target.device:
             self.model.to(target.device)
-        self._runner = CausalLMRunner(self.model)
-        self._runner.begin(**state.model_inputs)
+        self._runner = self._start_runner(state)
         self._slots = self._runner.new_cache(state.batch_size)
         self._fed_host = torch.zeros(state.batch_size, dtype=torch.long)
 
@@ -147,6 +190,15 @@ class ModelDrafter(Drafter):
     def select_rows(self, state, keep, keep_host) -> None:
         self._slots.select_rows(keep, widest=int((self._fed_host - state.padding_host)[state.rows_host].max()))
         self._runner.select_rows(keep)
+
+
+def _encoder_input_shape(model) -> tuple:
+    """What an encoder-decoder model's encoder reads: (mel bins / channels, the config field), or (None, None)."""
+    for name in ("num_mel_bins", "feature_size", "num_channels"):
+        value = getattr(model.config, name, None)
+        if isinstance(value, int):
+            return value, name
+    return None, None
 
 
 @hookimpl

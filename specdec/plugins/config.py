@@ -153,7 +153,7 @@ class SpecdecConfig:
         for kind, name in (("drafter", drafter), ("policy", policy), ("verifier", verifier)):
             if name is not None and name != getattr(self, kind).use:
                 options = {}
-                if kind == "drafter" and name == "model" and "model" in self.drafter.options:
+                if kind == "drafter" and name in ("model", "shared_encoder") and "model" in self.drafter.options:
                     options = {"model": self.drafter.options["model"]}
                 changes[kind] = ComponentSpec(kind, name, options)
         return attrs.evolve(self, **changes)
@@ -164,13 +164,32 @@ class SpecdecConfig:
     def dtype(self):
         return parse_dtype(self.target.get("dtype", "float32"), f"{self.source}: [target] dtype")
 
+    @property
+    def target_is_encoder_decoder(self) -> bool:
+        """Whether the target's config.json describes an encoder-decoder model (Whisper, T5, ...)."""
+        from transformers import AutoConfig
+
+        try:
+            return bool(AutoConfig.from_pretrained(str(self.target["model"])).is_encoder_decoder)
+        except (OSError, ValueError):
+            return False  # load_target reports the unreadable model
+
     def load_target(self):
-        """The target model and its tokenizer (offline when the paths are local)."""
+        """The target model and its tokenizer (offline when the paths are local).
+
+        An encoder-decoder target (its config says ``is_encoder_decoder``) is loaded with
+        ``AutoModelForSpeechSeq2Seq`` (then ``AutoModelForSeq2SeqLM``); use ``load_processor``
+        for its feature extractor.
+        """
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from ..drafters.model import load_pretrained
+        from ..drafters.model import load_pretrained, load_seq2seq
 
-        model = load_pretrained(AutoModelForCausalLM, self.target["model"], dtype=self.dtype, who=f"{self.source}: [target]")
+        who = f"{self.source}: [target]"
+        if self.target_is_encoder_decoder:
+            model = load_seq2seq(self.target["model"], dtype=self.dtype, who=who)
+        else:
+            model = load_pretrained(AutoModelForCausalLM, self.target["model"], dtype=self.dtype, who=who)
         device = self.target.get("device")
         if device:
             try:
@@ -186,6 +205,17 @@ class SpecdecConfig:
         if tokenizer.pad_token is None and tokenizer.eos_token is not None:
             tokenizer.pad_token = tokenizer.eos_token
         return model, tokenizer
+
+    def load_processor(self):
+        """The target's processor (feature extractor plus tokenizer, for speech targets), from the
+        ``tokenizer`` path or the model folder."""
+        from transformers import AutoProcessor
+
+        path = self.target.get("tokenizer", self.target["model"])
+        try:
+            return AutoProcessor.from_pretrained(str(path))
+        except (OSError, ValueError, TypeError) as exc:
+            raise ConfigError(f"{self.source}: cannot load the processor from {str(path)!r}: {exc}") from exc
 
     def build_components(self, extra_observers=()):
         drafter = self.drafter.build(self.source)

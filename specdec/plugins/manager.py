@@ -22,6 +22,7 @@ ENTRY_POINT_GROUP = "specdec"
 DEFAULT_PLUGINS = (
     "specdec.drafters.model",
     "specdec.drafters.ngram",
+    "specdec.drafters.shared_encoder",
     "specdec.policies.constant",
     "specdec.policies.heuristic",
     "specdec.policies.draft_confidence",
