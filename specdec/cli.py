@@ -287,6 +287,18 @@ def bench(
         raise typer.Exit(code=1)
 
 
+def _mount_subcommands() -> None:
+    # Both modules import their heavy dependencies (audio, training) inside the commands.
+    from .policies.classifier_cli import policy_app
+    from .transcribe import transcribe_command
+
+    app.add_typer(policy_app, name="policy")
+    app.command("transcribe")(transcribe_command)
+
+
+_mount_subcommands()
+
+
 def main():  # pragma: no cover - console script entry
     app()
 
