@@ -110,6 +110,7 @@ def run_bench(
     repeats: int = 3,
     warmup: int = 1,
     assisted: bool = True,
+    sampling: dict | None = None,
     on_progress: Callable[[str], None] = lambda message: None,
 ) -> list[BenchRow]:
     """Measure every (drafter, policy) pair in ``methods`` at every batch size; see the module doc."""
@@ -119,10 +120,15 @@ def run_bench(
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
     generate_kwargs = dict(config.sampling)
     generate_kwargs.update(do_sample=False, max_new_tokens=max_new_tokens)
+    if sampling:
+        # Sampled runs verify by rejection sampling; outputs are random, so there is no exactness
+        # check (tests/test_rejection.py checks the distribution) and no assisted baseline.
+        generate_kwargs.update(do_sample=True, **sampling)
+        assisted = False
     results: list[BenchRow] = []
     decoders = {}
     for drafter, policy in methods:
-        spec = config.with_choices(drafter=drafter, policy=policy)
+        spec = config.with_choices(drafter=drafter, policy=policy, verifier="rejection" if sampling else None)
         decoders[(drafter, policy)] = spec.build_decoder(target=target)
     assisted_cache: dict[tuple[str, str], tuple[float, int]] = {}
     draft_model = next((d.drafter.model for d in decoders.values() if getattr(d.drafter, "name", "") == "model"), None)
@@ -208,7 +214,7 @@ def run_bench(
                     cost_ratio=c,
                     ideal_speedup=ideal,
                     ratio_to_ideal=speedup / ideal if ideal else None,
-                    exact=rows_out == base_rows,
+                    exact=None if sampling else rows_out == base_rows,
                 )
             )
     return results

@@ -224,6 +224,8 @@ def bench(
     repeats: int = typer.Option(3, min=1, help="Timed repeats; the median is reported"),
     warmup: int = typer.Option(1, min=0),
     assisted: bool = typer.Option(True, help="Also time Transformers' assisted generation"),
+    temperature: float = typer.Option(0.0, min=0.0, help="Sample at this temperature (0: greedy) with the rejection verifier"),
+    top_p: float = typer.Option(1.0, min=0.0, max=1.0, help="Nucleus sampling threshold when sampling"),
     out: Path = typer.Option(Path("bench.json"), help="Where to write the results as JSON"),
 ):
     """Time specdec against the target alone and Transformers' assisted generation."""
@@ -246,12 +248,14 @@ def bench(
             task = progress.add_task("loading models")
             rows = run_bench(
                 spec, prompts, sizes, methods, max_new_tokens=max_new_tokens, repeats=repeats, warmup=warmup,
-                assisted=assisted, on_progress=lambda message: progress.update(task, description=message),
+                assisted=assisted, sampling={"temperature": temperature, "top_p": top_p} if temperature > 0 else None,
+                on_progress=lambda message: progress.update(task, description=message),
             )
     except SpecdecError as exc:
         raise fail(str(exc)) from None
 
-    table = Table(title=f"specdec bench · {len(prompts)} prompts · {max_new_tokens} new tokens · greedy · median of {repeats}")
+    mode = f"sampled (temperature {temperature}, top-p {top_p})" if temperature > 0 else "greedy"
+    table = Table(title=f"specdec bench · {len(prompts)} prompts · {max_new_tokens} new tokens · {mode} · median of {repeats}")
     for column in ("batch", "method", "tok/s", "vs target", "vs assisted", "accept", "tokens/call", "c", "ideal", "of ideal", "exact"):
         table.add_column(column, justify="right" if column not in ("method",) else "left")
 
@@ -266,7 +270,8 @@ def bench(
             fmt(row.speedup_vs_assisted, "{:.2f}x"), fmt(row.acceptance_rate, "{:.0%}"), fmt(row.mean_accepted_length),
             fmt(row.cost_ratio, "{:.3f}"), fmt(row.ideal_speedup, "{:.2f}x"), fmt(row.ratio_to_ideal, "{:.0%}"), exact,
         )
-    console.print(table)
+    # A piped table keeps its columns readable rather than wrapping at 80.
+    (console if console.is_terminal else Console(width=220)).print(table)
     out.write_text(
         json.dumps(
             {

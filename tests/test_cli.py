@@ -110,6 +110,18 @@ class TestBench:
         assisted_b2 = [r for r in payload["results"] if r["batch_size"] == 2 and r["method"].startswith("transformers")]
         assert assisted_b2 and all("row by row" in r["note"] for r in assisted_b2)
 
+    def test_sampled_bench_uses_rejection_and_skips_exactness(self, pair, tmp_path):
+        out = tmp_path / "bench.json"
+        result = runner.invoke(
+            app,
+            ["bench", "-c", str(pair), "--batch-sizes", "2", "--num-prompts", "2", "--max-new-tokens", "5",
+             "--repeats", "1", "--warmup", "0", "--temperature", "0.7", "--top-p", "0.9", "--out", str(out)],
+        )
+        assert result.exit_code == 0, result.output
+        rows = json.loads(out.read_text())["results"]
+        assert [r["method"] for r in rows] == ["target alone", "specdec (model, constant)"]
+        assert rows[1]["exact"] is None and rows[1]["new_tokens"] > 0
+
     def test_bad_batch_sizes(self, pair):
         for value in ("0", "a,b", ""):
             result = runner.invoke(app, ["bench", "-c", str(pair), "--batch-sizes", value])
