@@ -16,7 +16,7 @@ from __future__ import annotations
 import attrs
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from ..core.models import CausalLMRunner, encoder_hidden_size, vocab_size
+from ..core.models import CausalLMRunner, encoder_hidden_size
 from ..errors import IncompatibleModelsError
 from ..plugins.hookspecs import hookimpl
 from .model import ModelDrafter, load_pretrained
@@ -66,12 +66,7 @@ class SharedEncoderDrafter(ModelDrafter):
                 f"{who}: the draft decoder's hidden size is {draft_width} but the target's encoder output has "
                 f"hidden size {encoder_width}; a shared-encoder draft must be as wide as the target's encoder"
             )
-        draft_vocab, target_vocab = vocab_size(self.model), vocab_size(target)
-        if draft_vocab != target_vocab:
-            raise IncompatibleModelsError(
-                f"{who}: the draft decoder's vocabulary has {draft_vocab} tokens but the target's has "
-                f"{target_vocab}; a draft must share the target's tokenizer"
-            )
+        self._check_vocabulary(target)
 
     def _start_runner(self, state):
         runner = CausalLMRunner(self.model)
