@@ -3,7 +3,10 @@
 For every batch size: the target alone (batched ``generate``), Transformers' assisted generation
 (batch 1 only: it refuses larger batches, so for those it runs row by row and says so), and
 specdec with each requested drafter x policy. Each is warmed up, repeated, and its median kept.
-Every specdec output is checked against the target's own greedy output.
+Every specdec output is checked against the target's own greedy output. Speedups are ratios of
+tokens per second: under greedy decoding every method writes the same tokens, so this is the ratio
+of times; sampled runs write different continuations (of different lengths), so time alone would
+not compare them.
 
 The ideal speedup (Leviathan et al.) comes from the measured numbers: with alpha the per-token
 acceptance probability, k the mean lookahead and c the draft/target cost ratio of one forward,
@@ -144,10 +147,11 @@ def run_bench(
         base_time, base_out = _median_time(target_alone, repeats, warmup)
         base_rows = [r for out, e in zip(base_out, encoded) for r in _new_token_rows(out, e["input_ids"].shape[1], eos, pad)]
         base_tokens = sum(len(r) for r in base_rows)
-        results.append(BenchRow(batch_size, "target alone", base_time, base_tokens, base_tokens / base_time, 1.0))
+        base_rate = base_tokens / base_time
+        results.append(BenchRow(batch_size, "target alone", base_time, base_tokens, base_rate, 1.0))
 
         target_cost = forward_cost(target, batch_size, context=128)
-        assisted_times: dict[tuple[str, str], float] = {}
+        assisted_rates: dict[tuple[str, str], float] = {}
         for (drafter, policy), decoder in decoders.items():
             k = getattr(decoder.policy, "k", getattr(decoder.policy, "initial", 5))
             if not assisted:
@@ -176,8 +180,8 @@ def run_bench(
                 new = sum(len(_new_token_rows(o, r["input_ids"].shape[1], eos, pad)[0]) for o, r in zip(outs, rows))
                 assisted_cache[(drafter, policy)] = (seconds, new)
             seconds, new = assisted_cache[(drafter, policy)]
-            assisted_times[(drafter, policy)] = seconds
-            results.append(BenchRow(batch_size, label, seconds, new, new / seconds, base_time / seconds, note=note))
+            assisted_rates[(drafter, policy)] = new / seconds
+            results.append(BenchRow(batch_size, label, seconds, new, new / seconds, new / seconds / base_rate, note=note))
 
         for (drafter, policy), decoder in decoders.items():
             label = f"specdec ({drafter}, {policy})"
@@ -200,13 +204,13 @@ def run_bench(
                 c = 0.0
             alpha = solve_alpha(tau, k_mean)
             ideal = tau / (k_mean * c + 1) if row_steps else None
-            speedup = base_time / seconds
-            hf = assisted_times.get((drafter, policy))
+            speedup = new / seconds / base_rate
+            hf = assisted_rates.get((drafter, policy))
             results.append(
                 BenchRow(
                     batch_size, label, seconds, new, new / seconds,
                     speedup_vs_target=speedup,
-                    speedup_vs_assisted=hf / seconds if hf else None,
+                    speedup_vs_assisted=new / seconds / hf if hf else None,
                     acceptance_rate=accepted / drafted if drafted else 0.0,
                     mean_accepted_length=tau,
                     mean_lookahead=k_mean,

@@ -107,6 +107,10 @@ class TestPrompts:
             decoder.generate(ids, attention_mask=mask, max_new_tokens=3, warp_speed=9)
         with pytest.raises(ConfigError, match="verifier 'greedy' cannot sample"):
             decoder.generate(ids, attention_mask=mask, max_new_tokens=3, do_sample=True)
+        with pytest.raises(ConfigError, match="num_beams must be 1"):
+            decoder.generate(ids, attention_mask=mask, max_new_tokens=3, num_beams=2)
+        with pytest.raises(ConfigError, match="guidance_scale=1.5: classifier-free guidance"):
+            decoder.generate(ids, attention_mask=mask, max_new_tokens=3, guidance_scale=1.5)
         self._still_works(decoder, llama)
 
     def test_a_plugin_that_raises_is_named_and_the_decoder_recovers(self, llama):

@@ -127,6 +127,34 @@ class TestGreedyExactness:
             out = decoder.generate(input_ids, attention_mask=mask, max_new_tokens=12)
             assert torch.equal(out.sequences, greedy_reference(llama, input_ids, mask, 12))
 
+    @pytest.mark.parametrize(
+        "options",
+        [
+            dict(repetition_penalty=1.3),
+            dict(no_repeat_ngram_size=2),
+            dict(encoder_repetition_penalty=1.5),
+            dict(encoder_no_repeat_ngram_size=2),
+            dict(min_new_tokens=12, repetition_penalty=0.8, no_repeat_ngram_size=3),
+            dict(forced_eos_token_id=7, exponential_decay_length_penalty=(4, 1.5)),
+            dict(bad_words_ids=[[3], [11, 33]], sequence_bias={(20,): 3.0}, renormalize_logits=True),
+        ],
+        ids=lambda options: ",".join(options),
+    )
+    @pytest.mark.parametrize("drafter", ["same", "ngram"])
+    def test_generation_options_that_read_the_history(self, llama, options, drafter):
+        """Processors that read each row's tokens, or hold per-row state built from the prompt
+        (the padding a repetition penalty ignores, the prompt an encoder penalty reads), see the
+        right rows at every draft position, while rows sit in length groups and finished rows
+        leave the batch. An identical draft is always accepted, so every draft position is exercised."""
+        input_ids, mask = left_padded_prompts([5, 9, 2, 7, 4], seed=13)
+        eos = eos_mid_row(llama, input_ids, mask, 20)
+        expected = greedy_reference(llama, input_ids, mask, 20, eos_token_id=eos, **options)
+        decoder = SpeculativeDecoder(target=llama, drafter=make_drafter(drafter, "llama"), policy=ConstantLookahead(k=3))
+        out = decoder.generate(input_ids, attention_mask=mask, max_new_tokens=20, eos_token_id=eos, **options)
+        assert torch.equal(out.sequences, expected)
+        if drafter == "same":  # the draft applies the same processors, so it never disagrees
+            assert out.stats.acceptance_rate == 1.0
+
     def test_stats_count_what_happened(self, llama, llama_draft):
         input_ids, mask = left_padded_prompts([6, 2, 9], seed=11)
         out = SpeculativeDecoder(target=llama, drafter=ModelDrafter(llama_draft), policy=ConstantLookahead(k=3)).generate(

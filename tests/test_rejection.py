@@ -111,6 +111,9 @@ SETTINGS = {
     "temperature 0.7, top-k 4": dict(temperature=0.7, top_k=4),
     "temperature 1.5, top-p 0.8": dict(temperature=1.5, top_k=0, top_p=0.8),
     "temperature 0.8, top-k 5, top-p 0.9": dict(temperature=0.8, top_k=5, top_p=0.9),
+    # A processor that reads input_ids (applied per draft position) before warpers that do not
+    # (applied to every position at once): the order between the two kinds must hold.
+    "repetition penalty 1.5, temperature 0.9, top-k 5": dict(repetition_penalty=1.5, temperature=0.9, top_k=5),
 }
 ONE_PROMPT = [[1, 2, 3, 4]]
 MIXED_BATCH = [[1, 2, 3, 4], [5, 6], [7, 1, 2, 3, 4, 5]]  # different lengths: left padding

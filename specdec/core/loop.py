@@ -420,12 +420,20 @@ class SpeculativeDecoder:
             )
         if getattr(config, "num_beams", 1) not in (None, 1):
             raise ConfigError("beam search is not speculative decoding: num_beams must be 1")
+        if config.guidance_scale not in (None, 1, 1.0):
+            raise ConfigError(
+                f"guidance_scale={config.guidance_scale}: classifier-free guidance runs a second, unconditional "
+                "pass of the target that specdec does not batch; decode without it"
+            )
+        config.max_length = width + max_new  # as generate sets it; length-aware processors read it
         self.verifier.check_generation_config(config)
 
         eos = config.eos_token_id
         eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
         pad = config.pad_token_id if config.pad_token_id is not None else (eos[0] if eos else 0)
         if processors is None:
+            # As generate does first: the eos/pad tensors that processors such as min_new_tokens need.
+            target._prepare_special_tokens(config, kwargs_has_attention_mask=True, device=device)
             processors = target._get_logits_processor(
                 generation_config=config,
                 input_ids_seq_length=width,

@@ -2,11 +2,28 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import attrs
 import torch
 from transformers import GenerationConfig, LogitsProcessorList
+from transformers.generation.logits_process import (
+    EncoderNoRepeatNGramLogitsProcessor,
+    EncoderRepetitionPenaltyLogitsProcessor,
+    EpsilonLogitsWarper,
+    EtaLogitsWarper,
+    InfNanRemoveLogitsProcessor,
+    LogitNormalization,
+    MinPLogitsWarper,
+    RepetitionPenaltyLogitsProcessor,
+    SuppressTokensLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopHLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+    TypicalLogitsWarper,
+)
 
 
 @attrs.define(eq=False)
@@ -93,19 +110,95 @@ class DecodeState:
         so position j follows ``block[:, :m - n + 1 + j]``. The verifier passes the drafts
         (m = n - 1: position j follows the first j drafts); a drafter scoring its next token passes
         what it drafted so far (n = 1: the whole block). Processors see exactly the ``input_ids``
-        that ``model.generate`` would show them at that point. Rows of different lengths are
-        processed in groups of equal length; with no processors this is free.
+        that ``model.generate`` would show them at that point.
+
+        Warpers that never read ``input_ids`` (temperature, top-k, top-p, ...) run once over all
+        B * n distributions. The others run per position, over groups of rows of equal length;
+        with no processors this is free.
         """
         if not self.processors:
             return scores
-        before = block.shape[1] - scores.shape[1] + 1  # uncommitted tokens before position 0
+        batch, width, vocab = scores.shape
+        before = block.shape[1] - width + 1  # uncommitted tokens before position 0
+        groups = None
+        for stage in _stages(self.processors):
+            if not isinstance(stage, list):  # one processor that reads input_ids
+                if groups is None:
+                    groups = self._length_groups()
+                for prefix, group, original in groups:
+                    processor = _for_rows(stage, original)
+                    for j in range(width):
+                        input_ids = torch.cat([prefix, block[group, : before + j]], dim=1)
+                        scores[group, j] = processor(input_ids, scores[group, j])
+                continue
+            flat = scores.reshape(batch * width, vocab)
+            no_ids = block.new_empty((batch * width, 0))
+            for processor in stage:
+                flat = processor(no_ids, flat)
+            scores = flat.reshape(batch, width, vocab)
+        return scores
+
+    def _length_groups(self) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """For each set of rows of equal length L: ``(committed prefix [G, L], active positions [G],
+        original row ids [G] on the host)``."""
         lengths_host = self.lengths_host[self.rows_host]
         sequences = self.sequences[self.rows]
+        groups = []
         for length in lengths_host.unique().tolist():
             group_host = (lengths_host == length).nonzero().flatten()
             group = group_host.to(self.device)
-            prefix = sequences[group, :length]
-            for j in range(scores.shape[1]):
-                input_ids = torch.cat([prefix, block[group, : before + j]], dim=1)
-                scores[group, j] = self.processors(input_ids, scores[group, j])
-        return scores
+            groups.append((sequences[group, :length], group, self.rows_host[group_host]))
+        return groups
+
+
+# transformers' processors whose output for a row depends on that row's scores alone, never on
+# input_ids: they can process every row and draft position in one call. Exact types only: a
+# subclass may read input_ids.
+_ROW_WISE = (
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+    MinPLogitsWarper,
+    TypicalLogitsWarper,
+    EpsilonLogitsWarper,
+    EtaLogitsWarper,
+    TopHLogitsWarper,
+    SuppressTokensLogitsProcessor,
+    InfNanRemoveLogitsProcessor,
+    LogitNormalization,
+)
+
+
+def _for_rows(processor, original: torch.Tensor):
+    """``processor`` restricted to the request's rows ``original`` (host ids), for the processors
+    that keep per-row state built from the whole batch at the start of ``generate``; a shallow
+    copy, so the request's own processor is never changed. Others are returned as they are."""
+    kind = type(processor)
+    if kind is RepetitionPenaltyLogitsProcessor and isinstance(processor.prompt_ignore_length, torch.Tensor):
+        view = copy.copy(processor)  # prompt_ignore_length: each row's left padding
+        view.prompt_ignore_length = processor.prompt_ignore_length[original.to(processor.prompt_ignore_length.device)]
+        return view
+    if kind is EncoderRepetitionPenaltyLogitsProcessor:
+        view = copy.copy(processor)  # encoder_input_ids: each row's prompt
+        view.encoder_input_ids = processor.encoder_input_ids[original.to(processor.encoder_input_ids.device)]
+        return view
+    if kind is EncoderNoRepeatNGramLogitsProcessor:
+        view = copy.copy(processor)  # generated_ngrams: the n-grams of each row's prompt
+        view.generated_ngrams = [processor.generated_ngrams[row] for row in original.tolist()]
+        view.batch_size = len(view.generated_ngrams)
+        return view
+    return processor
+
+
+def _stages(processors: LogitsProcessorList) -> list:
+    """The processors in order, consecutive row-wise ones gathered into a list (one batched stage)."""
+    stages: list = []
+    for processor in processors:
+        if type(processor) in _ROW_WISE:
+            if stages and isinstance(stages[-1], list):
+                stages[-1].append(processor)
+            else:
+                stages.append([processor])
+        else:
+            stages.append(processor)
+    return stages
