@@ -70,7 +70,7 @@ class _Stream(Observer):
     def on_step(self, state, step):
         if 0 not in step.rows_host.tolist():
             return
-        new = state.sequences[0, state.prompt_width : int(state.lengths_host[0])]
+        new = state.sequences_host[0, state.prompt_width : int(state.lengths_host[0])]
         text = self.tokenizer.decode(new, skip_special_tokens=True)
         if text.startswith(self.printed):
             self.out.print(text[len(self.printed) :], end="", markup=False, highlight=False, soft_wrap=True)

@@ -274,15 +274,21 @@ class SpeculativeDecoder:
         state.sequences[state.rows[:, None], write_at] = appended
         state.lengths[state.rows] = lengths + count
 
-        # The iteration's one device sync; it also completes the copy of the target's confidence
-        # queued just before it, which confidence-driven policies read on the host.
+        # The iteration's one device sync, which also brings the appended tokens to the host
+        # mirror and completes the copy of the target's confidence queued just before it (that
+        # confidence-driven policies read on the host).
         target_probs = verdict.target_probs
         target_probs_host = None if target_probs is None else target_probs.to("cpu", non_blocking=True)
-        accepted_host, count_host, finished_host, drafted_host = (
-            torch.stack([accepted, count, finished.long(), draft.lengths]).cpu().unbind(0)
-        )
+        counts = torch.stack([accepted, count, finished.long(), draft.lengths], dim=1)  # [B, 4]
+        synced = torch.cat([counts, appended], dim=1).cpu()
+        accepted_host, count_host, finished_host, drafted_host = synced[:, :4].unbind(1)
         finished_host = finished_host.bool()
         rows_host = state.rows_host
+        position_host = torch.arange(width + 1)[None, :]
+        write_at_host = torch.where(
+            position_host < count_host[:, None], state.lengths_host[rows_host][:, None] + position_host, trash
+        )
+        state.sequences_host[rows_host[:, None], write_at_host] = synced[:, 4:]
         state.lengths_host[rows_host] += count_host
         target_fed_host[rows_host] = state.lengths_host[rows_host] - 1
         target_slots.drop_tail(
@@ -456,6 +462,7 @@ class SpeculativeDecoder:
             token_mask=token_mask,
             lengths=torch.full((batch_size,), width, dtype=torch.long, device=device),
             lengths_host=torch.full((batch_size,), width, dtype=torch.long),
+            sequences_host=sequences.to("cpu", copy=True),  # a copy even on CPU: never an alias
             padding_host=width - real,
             prompt_width=width,
             max_new_tokens=max_new,

@@ -37,7 +37,9 @@ class DecodeState:
 
     ``sequences[r, :lengths[r]]`` holds row r's prompt (left-padded exactly as given) followed by
     what it has committed; ``token_mask`` marks the real tokens (False over prompt padding).
-    ``lengths_host`` is the host copy of ``lengths``, refreshed by the loop's one sync per iteration.
+    ``lengths_host`` and ``sequences_host`` are host copies of ``lengths`` and ``sequences``,
+    refreshed by the loop's one sync per iteration: drafters and observers that work on the host
+    (n-gram lookup, streaming text) read them without syncing the device again.
     """
 
     generation_config: GenerationConfig
@@ -46,6 +48,7 @@ class DecodeState:
     token_mask: torch.Tensor  # [R, T + 1] bool
     lengths: torch.Tensor  # [R] long
     lengths_host: torch.Tensor  # [R] long, CPU
+    sequences_host: torch.Tensor  # [R, T + 1] long, CPU
     padding_host: torch.Tensor  # [R] long, CPU: left padding of each prompt
     prompt_width: int
     max_new_tokens: int

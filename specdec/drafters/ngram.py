@@ -39,22 +39,25 @@ class NGramDrafter(Drafter):
 
     @torch.no_grad()
     def propose(self, state, max_tokens, keep_drafting) -> Draft:
-        device = state.device
-        width = int(max_tokens.max())
-        sequences = state.sequences[state.rows]  # [B, T]
-        real = state.token_mask[state.rows]  # [B, T]
-        lengths = state.lengths[state.rows]  # [B]
+        # The lookup runs on the host copy of the committed tokens, as vLLM's n-gram proposer does:
+        # it costs no device sync, and the draft is exactly as wide as the longest proposal, so the
+        # target never verifies padding when nothing (or little) matched.
+        rows_host = state.rows_host
+        sequences = state.sequences_host[rows_host]  # [B, T]
+        lengths = state.lengths_host[rows_host]  # [B]
         batch, total = sequences.shape
-        found = torch.zeros(batch, dtype=torch.bool, device=device)
-        follow = torch.zeros(batch, dtype=torch.long, device=device)  # where the proposal starts
+        positions = torch.arange(total)
+        real = (positions[None, :] >= state.padding_host[rows_host][:, None]) & (positions[None, :] < lengths[:, None])
+        found = torch.zeros(batch, dtype=torch.bool)
+        follow = torch.zeros(batch, dtype=torch.long)  # where the proposal starts
         for n in range(self.max_ngram, self.min_ngram - 1, -1):
             if total < n + 1:
                 continue
-            suffix_index = (lengths[:, None] - n + torch.arange(n, device=device)[None, :]).clamp(min=0)
+            suffix_index = (lengths[:, None] - n + torch.arange(n)[None, :]).clamp(min=0)
             suffix = sequences.gather(1, suffix_index)  # [B, n]
             suffix_real = real.gather(1, suffix_index).all(1) & (lengths >= n)
             windows = sequences.unfold(1, n, 1)  # [B, S, n]: window s covers s .. s+n-1
-            starts = torch.arange(windows.shape[1], device=device)
+            starts = positions[: windows.shape[1]]
             match = (windows == suffix[:, None, :]).all(-1) & real.unfold(1, n, 1).all(-1)  # [B, S]
             # Not the suffix itself: the match must be followed by at least one committed token.
             match &= starts[None, :] + n < lengths[:, None]
@@ -63,14 +66,15 @@ class NGramDrafter(Drafter):
             hit = (latest >= 0) & ~found
             follow = torch.where(hit, latest + n, follow)
             found |= hit
-        limit = max_tokens.to(device, non_blocking=True)
         available = (lengths - follow).clamp(min=0)
-        draft_lengths = torch.where(found, torch.minimum(limit, available), 0)  # [B]
-        index = (follow[:, None] + torch.arange(width, device=device)[None, :]).clamp(max=total - 1)
+        draft_lengths = torch.where(found, torch.minimum(max_tokens, available), 0)  # [B]
+        width = int(draft_lengths.max())
+        index = (follow[:, None] + torch.arange(width)[None, :]).clamp(max=total - 1)
         tokens = sequences.gather(1, index)  # [B, K]
+        device = state.device
         return Draft(
-            tokens=tokens,
-            lengths=draft_lengths,
+            tokens=tokens.to(device, non_blocking=True),
+            lengths=draft_lengths.to(device, non_blocking=True),
             token_probs=torch.ones(batch, width, dtype=torch.float32, device=device),
         )
 
