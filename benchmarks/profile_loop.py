@@ -25,6 +25,8 @@ parser.add_argument("--max-new-tokens", type=int, default=64)
 parser.add_argument("--batch-size", type=int, default=1)
 parser.add_argument("--temperature", type=float, default=0.0)
 parser.add_argument("--top-p", type=float, default=1.0)
+parser.add_argument("--sort", default="tottime", help="pstats order: tottime or cumtime")
+parser.add_argument("--top", type=int, default=20, help="functions to print")
 args = parser.parse_args()
 
 config = SpecdecConfig.from_toml(args.config)
@@ -51,4 +53,4 @@ for batch in batches:
 profile.disable()
 elapsed = time.perf_counter() - start
 print(f"{elapsed / iterations * 1000:.1f} ms per iteration over {iterations} iterations (profiled)")
-pstats.Stats(profile).sort_stats("tottime").print_stats(20)
+pstats.Stats(profile).sort_stats(args.sort).print_stats(args.top)
