@@ -111,6 +111,10 @@ class TestPrompts:
             decoder.generate(ids, attention_mask=mask, max_new_tokens=3, num_beams=2)
         with pytest.raises(ConfigError, match="guidance_scale=1.5: classifier-free guidance"):
             decoder.generate(ids, attention_mask=mask, max_new_tokens=3, guidance_scale=1.5)
+        with pytest.raises(InputError, match="logits_processor must be a list of transformers LogitsProcessor"):
+            decoder.generate(ids, attention_mask=mask, max_new_tokens=3, logits_processor=[42])
+        with pytest.raises(ConfigError, match="logits processors: `penalty` has to be a strictly positive float"):
+            decoder.generate(ids, attention_mask=mask, max_new_tokens=3, repetition_penalty=-1.0)
         self._still_works(decoder, llama)
 
     def test_a_plugin_that_raises_is_named_and_the_decoder_recovers(self, llama):

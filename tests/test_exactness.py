@@ -6,6 +6,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from transformers import LogitsProcessor
 
 from specdec import Draft, SpeculativeDecoder
 from specdec.drafters import Drafter, ModelDrafter, NGramDrafter
@@ -29,6 +30,13 @@ class NonsenseDrafter(Drafter):
         width = int(max_tokens.max())
         tokens = torch.randint(0, self.vocab, (state.active, width), generator=self.generator)
         return Draft(tokens=tokens, lengths=max_tokens.clone())
+
+
+class BanRepeat(LogitsProcessor):
+    """Forbids each row's previous token: a processor whose answer depends on the row's history."""
+
+    def __call__(self, input_ids, scores):
+        return scores.scatter(1, input_ids[:, -1:], float("-inf"))
 
 
 def make_drafter(kind: str, arch: str):
@@ -154,6 +162,17 @@ class TestGreedyExactness:
         assert torch.equal(out.sequences, expected)
         if drafter == "same":  # the draft applies the same processors, so it never disagrees
             assert out.stats.acceptance_rate == 1.0
+
+    @pytest.mark.parametrize("drafter", ["same", "model"])
+    def test_custom_logits_processor(self, llama, drafter):
+        """A user's processor, as ``model.generate(logits_processor=...)`` takes it, sees each
+        row's own history at every draft position (this one bans repeating the previous token)."""
+        input_ids, mask = left_padded_prompts([5, 9, 2, 7], seed=17)
+        expected = greedy_reference(llama, input_ids, mask, 16, logits_processor=[BanRepeat()])
+        assert not torch.equal(expected, greedy_reference(llama, input_ids, mask, 16))  # the ban has work to do
+        decoder = SpeculativeDecoder(target=llama, drafter=make_drafter(drafter, "llama"), policy=ConstantLookahead(k=3))
+        out = decoder.generate(input_ids, attention_mask=mask, max_new_tokens=16, logits_processor=[BanRepeat()])
+        assert torch.equal(out.sequences, expected)
 
     def test_stats_count_what_happened(self, llama, llama_draft):
         input_ids, mask = left_padded_prompts([6, 2, 9], seed=11)

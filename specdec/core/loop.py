@@ -116,12 +116,15 @@ class SpeculativeDecoder:
         max_new_tokens: int | None = None,
         generation_config: GenerationConfig | None = None,
         generator: torch.Generator | None = None,
+        logits_processor: LogitsProcessorList | list | None = None,
         **kwargs,
     ) -> DecodeOutput:
         """Generate up to ``max_new_tokens`` for every row of a left-padded batch.
 
         Takes the arguments of ``model.generate`` (other generation options as keyword
-        arguments, or a ``generation_config``); ``generator`` makes sampling reproducible.
+        arguments, or a ``generation_config``); ``generator`` makes sampling reproducible;
+        ``logits_processor`` adds your own processors after those the config asks for, as
+        ``model.generate`` does (they see each row's ``input_ids`` at every draft position).
         For an encoder-decoder target, ``input_ids``/``attention_mask`` are the decoder prompt
         (default: the decoder start token) and the encoder's input goes by its name
         (``input_features=...`` for Whisper, or a precomputed ``encoder_outputs=...``, with
@@ -129,7 +132,8 @@ class SpeculativeDecoder:
         """
         model_inputs = self._split_model_inputs(kwargs)
         state = self._prepare(
-            input_ids, attention_mask, max_new_tokens, generation_config, generator, kwargs, model_inputs=model_inputs
+            input_ids, attention_mask, max_new_tokens, generation_config, generator, kwargs,
+            model_inputs=model_inputs, custom_processors=logits_processor,
         )
         return self._decode(state)
 
@@ -341,7 +345,7 @@ class SpeculativeDecoder:
 
     def _prepare(
         self, input_ids, attention_mask, max_new_tokens, generation_config, generator, kwargs,
-        model_inputs=None, processors=None,
+        model_inputs=None, processors=None, custom_processors=None,
     ) -> DecodeState:
         target = self.target
         device = target.device
@@ -440,15 +444,21 @@ class SpeculativeDecoder:
         if processors is None:
             # As generate does first: the eos/pad tensors that processors such as min_new_tokens need.
             target._prepare_special_tokens(config, kwargs_has_attention_mask=True, device=device)
-            processors = target._get_logits_processor(
-                generation_config=config,
-                input_ids_seq_length=width,
-                encoder_input_ids=encoder_input if encoder_input is not None else input_ids,
-                prefix_allowed_tokens_fn=None,
-                logits_processor=LogitsProcessorList(),
-                device=device,
-                model_kwargs={"attention_mask": attention_mask},
-            )
+            custom = LogitsProcessorList(custom_processors or [])
+            if not all(callable(processor) for processor in custom):
+                raise InputError("logits_processor must be a list of transformers LogitsProcessor objects")
+            try:
+                processors = target._get_logits_processor(
+                    generation_config=config,
+                    input_ids_seq_length=width,
+                    encoder_input_ids=encoder_input if encoder_input is not None else input_ids,
+                    prefix_allowed_tokens_fn=None,
+                    logits_processor=custom,
+                    device=device,
+                    model_kwargs={"attention_mask": attention_mask},
+                )
+            except ValueError as exc:  # e.g. a custom processor the generation options also create
+                raise ConfigError(f"logits processors: {exc}") from None
 
         total = width + max_new
         sequences = torch.full((batch_size, total + 1), pad, dtype=torch.long, device=device)
