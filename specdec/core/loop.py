@@ -457,7 +457,7 @@ class SpeculativeDecoder:
                     device=device,
                     model_kwargs={"attention_mask": attention_mask},
                 )
-            except ValueError as exc:  # e.g. a custom processor the generation options also create
+            except ValueError as exc:  # an invalid option value, e.g. repetition_penalty=-1
                 raise ConfigError(f"logits processors: {exc}") from None
 
         total = width + max_new
