@@ -14,7 +14,8 @@ import pstats
 import time
 from pathlib import Path
 
-from specdec.plugins.config import SpecdecConfig
+from specdec import SpeculativeDecoder
+from specdec.config import SpecdecConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -35,7 +36,7 @@ sampling = {}
 if args.temperature > 0:
     config = config.with_choices(verifier="rejection")
     sampling = dict(do_sample=True, temperature=args.temperature, top_p=args.top_p)
-decoder = config.build_decoder(target=target)
+decoder = SpeculativeDecoder.from_config(config, target=target)
 lines = (ROOT / "models/python-pair/prompts.jsonl").read_text().splitlines()[: args.prompts]
 prompts = [json.loads(line)["prompt"] for line in lines]
 batches = [

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from specdec import SpeculativeDecoder  # noqa: E402
 from specdec.drafters import SharedEncoderDrafter  # noqa: E402
 from specdec.policies import ConstantLookahead  # noqa: E402
-from specdec.speech import WhisperSpeculativeDecoder  # noqa: E402
+from specdec.whisper import WhisperSpeculativeDecoder  # noqa: E402
 from tests.tiny_whisper import decoder_of, features, tiny_distil_decoder, tiny_whisper  # noqa: E402
 
 SHAPE = dict(d_model=384, encoder_layers=4, decoder_layers=4, heads=6, ffn=1536)

@@ -1,8 +1,9 @@
 """specdec: plugin-based speculative decoding for Hugging Face Transformers models."""
 
-from .core import DecodeOutput, DecodeState, DecodeStats, Draft, SpeculativeDecoder, Step, Verdict
+from .core import DecodeOutput, DecodeState, DecodeStats, Draft, Step, Verdict
+from .decoding import SpeculativeDecoder
 from .errors import ConfigError, IncompatibleModelsError, InputError, PluginError, SpecdecError
-from .plugins.hookspecs import hookimpl
+from .core.hookspecs import hookimpl
 
 __version__ = "0.1.0"
 

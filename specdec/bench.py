@@ -24,8 +24,8 @@ import attrs
 import torch
 from transformers import DynamicCache
 
-from .core.loop import SpeculativeDecoder
-from .plugins.config import ComponentSpec, SpecdecConfig
+from .config import ComponentSpec, SpecdecConfig
+from .decoding import SpeculativeDecoder
 
 
 @attrs.define
@@ -132,7 +132,7 @@ def run_bench(
     decoders = {}
     for drafter, policy in methods:
         spec = config.with_choices(drafter=drafter, policy=policy, verifier="rejection" if sampling else None)
-        decoders[(drafter, policy)] = spec.build_decoder(target=target)
+        decoders[(drafter, policy)] = SpeculativeDecoder.from_config(spec, target=target)
     assisted_cache: dict[tuple[str, str], tuple[float, int]] = {}
     draft_model = next((d.drafter.model for d in decoders.values() if getattr(d.drafter, "name", "") == "model"), None)
 

@@ -7,7 +7,7 @@ import torch
 
 from specdec import ConfigError, IncompatibleModelsError, InputError, PluginError, SpeculativeDecoder
 from specdec.drafters import ModelDrafter, NGramDrafter
-from specdec.plugins.config import SpecdecConfig
+from specdec.config import SpecdecConfig
 from specdec.policies import ConstantLookahead, LookaheadPolicy
 
 from .conftest import greedy_reference, left_padded_prompts, tiny_model

@@ -19,8 +19,9 @@ from specdec.drafters import ModelDrafter
 from specdec.observers import Observer
 from specdec.plugins import get_registry
 from specdec.policies import ClassifierLookahead
-from specdec.policies.classifier import FEATURES, StopClassifier, draft_features, train_classifier
-from specdec.policies.classifier_cli import policy_app
+from specdec.policies.classifier import FEATURES, StopClassifier, draft_features
+from specdec.training.classifier import train_classifier
+from specdec.cli.policy import policy_app
 from specdec.verifiers import GreedyVerifier
 
 from .tiny_pairs import drafts_and_budgets, left_padded, perturbed_copy, tiny_llama
@@ -120,7 +121,7 @@ class TestWeightsFile:
             ClassifierLookahead(weights=str(path))
 
     def test_config_file_resolves_weights_next_to_it(self, tmp_path):
-        from specdec.plugins.config import SpecdecConfig
+        from specdec.config import SpecdecConfig
 
         by_token_prob().save(tmp_path / "c.safetensors")
         data = {"target": {"model": "t"}, "drafter": {"use": "ngram"}, "policy": {"use": "classifier", "weights": "c.safetensors"}}

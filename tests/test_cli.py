@@ -29,7 +29,7 @@ class TestGenerate:
         assert "tokens per target call" in result.output and "acceptance" in result.output
 
     def test_json_output_matches_the_target_alone(self, pair):
-        from specdec.plugins.config import SpecdecConfig
+        from specdec.config import SpecdecConfig
 
         result = runner.invoke(app, ["generate", "class Stack:", "import os", "--config", str(pair), "-n", "10", "--json"])
         assert result.exit_code == 0, result.output

@@ -14,8 +14,8 @@ from specdec import ConfigError, SpeculativeDecoder
 from specdec.drafters import NGramDrafter
 from specdec.observers import Observer
 from specdec.plugins import get_registry, load_plugins
-from specdec.plugins.config import SpecdecConfig
-from specdec.plugins.hookspecs import hookimpl
+from specdec.config import SpecdecConfig
+from specdec.core.hookspecs import hookimpl
 from specdec.plugins.manager import DEFAULT_PLUGINS
 
 from .conftest import greedy_reference, left_padded_prompts
@@ -76,7 +76,7 @@ class TestDiscovery:
             '[policy]\nuse = "constant"\nk = 3\n\n[[observers]]\nuse = "step-counter"\n'
         )
         config = SpecdecConfig.from_toml(toml)
-        decoder = config.build_decoder(target=llama)
+        decoder = SpeculativeDecoder.from_config(config, target=llama)
         assert type(decoder.drafter).__module__ == "specdec_example_plugin"
         input_ids, mask = left_padded_prompts([5, 9], seed=2)
         out = decoder.generate(input_ids, attention_mask=mask, max_new_tokens=12)

@@ -12,7 +12,7 @@ import transformers
 import typer
 from typer.testing import CliRunner
 
-from specdec.transcribe import SAMPLE_RATE, AudioError, read_audio, transcribe_command
+from specdec.cli.transcribe import SAMPLE_RATE, AudioError, read_audio, transcribe_command
 
 from .tiny_whisper import processor, tiny_distil_decoder, tiny_whisper
 

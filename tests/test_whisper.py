@@ -16,7 +16,7 @@ from specdec.core.models import Seq2SeqRunner, runner_for
 from specdec.drafters import ModelDrafter, NGramDrafter, SharedEncoderDrafter
 from specdec.plugins import get_registry
 from specdec.policies import ConstantLookahead
-from specdec.speech import WhisperSpeculativeDecoder, speculative_whisper_generate
+from specdec.whisper import WhisperSpeculativeDecoder, speculative_whisper_generate
 
 from .tiny_whisper import (
     EOT,

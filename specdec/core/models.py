@@ -9,9 +9,10 @@ than tokens (an encoder-decoder runner encodes here, once per request).
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 
 import torch
-from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
+from transformers import AutoModelForSeq2SeqLM, AutoModelForSpeechSeq2Seq, DynamicCache, EncoderDecoderCache, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutput
 from transformers.utils import ModelOutput
 
@@ -234,6 +235,28 @@ class Seq2SeqRunner:
             use_cache=True,
         )
         return out.logits[:, -logits_to_keep:]
+
+
+def load_pretrained(auto_class, model: str | Path, *, dtype: torch.dtype | str | None, who: str):
+    """Load a model from a local path (or a hub id, when the network allows), naming ``who`` wants it."""
+    path = Path(model).expanduser()
+    if not path.exists() and (str(model).startswith((".", "/", "~")) or path.suffix or len(path.parts) != 2):
+        raise ConfigError(f"{who}: model path {str(model)!r} does not exist")
+    try:
+        return auto_class.from_pretrained(str(path if path.exists() else model), dtype=dtype).eval()
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{who}: cannot load model {str(model)!r}: {exc}") from exc
+
+
+def load_seq2seq(model: str | Path, *, dtype, who: str):
+    """Load an encoder-decoder model: a speech one (Whisper) first, then a text one (T5, BART)."""
+    try:
+        return load_pretrained(AutoModelForSpeechSeq2Seq, model, dtype=dtype, who=who)
+    except ConfigError as speech_error:
+        try:
+            return load_pretrained(AutoModelForSeq2SeqLM, model, dtype=dtype, who=who)
+        except ConfigError:
+            raise speech_error from None
 
 
 def runner_for(model: PreTrainedModel) -> CausalLMRunner | Seq2SeqRunner:

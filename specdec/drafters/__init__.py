@@ -1,6 +1,6 @@
 """Drafters propose tokens for the target to check. One module per strategy, named after it."""
 
-from .base import Drafter
+from ..core.components import Drafter
 from .model import ModelDrafter
 from .ngram import NGramDrafter
 from .shared_encoder import SharedEncoderDrafter

@@ -17,36 +17,14 @@ from pathlib import Path
 
 import attrs
 import torch
-from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoModelForSpeechSeq2Seq, PreTrainedModel
+from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from ..core.models import CausalLMRunner, Seq2SeqRunner, runner_for, vocab_size
+from ..core.models import CausalLMRunner, Seq2SeqRunner, load_pretrained, load_seq2seq, runner_for, vocab_size
 from ..core.sampling import sample
 from ..core.types import Draft
 from ..errors import ConfigError, IncompatibleModelsError
-from ..plugins.hookspecs import hookimpl
-from .base import Drafter
-
-
-def load_pretrained(auto_class, model: str | Path, *, dtype: torch.dtype | str | None, who: str):
-    """Load a model from a local path (or a hub id, when the network allows), naming ``who`` wants it."""
-    path = Path(model).expanduser()
-    if not path.exists() and (str(model).startswith((".", "/", "~")) or path.suffix or len(path.parts) != 2):
-        raise ConfigError(f"{who}: model path {str(model)!r} does not exist")
-    try:
-        return auto_class.from_pretrained(str(path if path.exists() else model), dtype=dtype).eval()
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{who}: cannot load model {str(model)!r}: {exc}") from exc
-
-
-def load_seq2seq(model: str | Path, *, dtype, who: str):
-    """Load an encoder-decoder model: a speech one (Whisper) first, then a text one (T5, BART)."""
-    try:
-        return load_pretrained(AutoModelForSpeechSeq2Seq, model, dtype=dtype, who=who)
-    except ConfigError as speech_error:
-        try:
-            return load_pretrained(AutoModelForSeq2SeqLM, model, dtype=dtype, who=who)
-        except ConfigError:
-            raise speech_error from None
+from ..core.hookspecs import hookimpl
+from ..core.components import Drafter
 
 
 def _model_or_path(instance, attribute, value):

@@ -11,8 +11,8 @@ import attrs
 import torch
 
 from ..core.types import Draft
-from ..plugins.hookspecs import hookimpl
-from .base import Drafter
+from ..core.hookspecs import hookimpl
+from ..core.components import Drafter
 
 
 def _positive(instance, attribute, value):

@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from ..core.models import CausalLMRunner, encoder_hidden_size
 from ..errors import IncompatibleModelsError
-from ..plugins.hookspecs import hookimpl
+from ..core.hookspecs import hookimpl
 from .model import ModelDrafter, load_pretrained
 
 

@@ -1,6 +1,6 @@
 """Observers watch the loop (stats, progress, traces) and never steer it."""
 
-from .base import Observer
+from ..core.components import Observer
 from .progress import ProgressObserver
 from .stats import StatsObserver
 from .trace import TraceObserver

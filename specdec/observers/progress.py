@@ -5,8 +5,8 @@ from __future__ import annotations
 import attrs
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from ..plugins.hookspecs import hookimpl
-from .base import Observer
+from ..core.hookspecs import hookimpl
+from ..core.components import Observer
 
 
 @attrs.define(eq=False)

@@ -10,8 +10,8 @@ import time
 import attrs
 
 from ..core.types import DecodeStats
-from ..plugins.hookspecs import hookimpl
-from .base import Observer
+from ..core.hookspecs import hookimpl
+from ..core.components import Observer
 
 
 @attrs.define(eq=False)

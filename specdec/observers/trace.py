@@ -7,8 +7,8 @@ from pathlib import Path
 
 import attrs
 
-from ..plugins.hookspecs import hookimpl
-from .base import Observer
+from ..core.hookspecs import hookimpl
+from ..core.components import Observer
 
 
 @attrs.define(eq=False)

@@ -1,7 +1,7 @@
-"""Pluggy hook specifications, the plugin manager, the registry and plugins.toml loading."""
+"""Plugin discovery: the process-wide pluggy manager (built-ins and entry points) and the registry
+of named components. The hooks themselves are specified in ``specdec/core/hookspecs.py``."""
 
-from .hookspecs import hookimpl, hookspec
 from .manager import get_registry, load_plugins
 from .registry import Registry
 
-__all__ = ["Registry", "get_registry", "hookimpl", "hookspec", "load_plugins"]
+__all__ = ["Registry", "get_registry", "load_plugins"]

@@ -14,7 +14,7 @@ import importlib.metadata
 import attrs
 import pluggy
 
-from . import hookspecs
+from ..core import hookspecs
 from .registry import Registry
 
 ENTRY_POINT_GROUP = "specdec"

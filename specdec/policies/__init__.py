@@ -1,6 +1,6 @@
 """Lookahead policies decide how many tokens each row drafts. One module per strategy."""
 
-from .base import LookaheadPolicy
+from ..core.components import LookaheadPolicy
 from .classifier import ClassifierLookahead
 from .constant import ConstantLookahead
 from .draft_confidence import DraftConfidenceLookahead

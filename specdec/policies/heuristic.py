@@ -10,8 +10,8 @@ from __future__ import annotations
 import attrs
 import torch
 
-from ..plugins.hookspecs import hookimpl
-from .base import LookaheadPolicy
+from ..core.hookspecs import hookimpl
+from ..core.components import LookaheadPolicy
 from .constant import non_negative
 
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import attrs
 import torch
 
-from ..plugins.hookspecs import hookimpl
-from .base import LookaheadPolicy
+from ..core.hookspecs import hookimpl
+from ..core.components import LookaheadPolicy
 from .draft_confidence import at_least_one, confident, probability
 
 

@@ -1,6 +1,6 @@
 """Verifiers decide which drafts the target keeps. One module per strategy."""
 
-from .base import Verifier
+from ..core.components import Verifier
 from .greedy import GreedyVerifier
 from .rejection import RejectionVerifier
 

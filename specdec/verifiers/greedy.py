@@ -10,8 +10,8 @@ import torch
 
 from ..core.types import Draft, Verdict
 from ..errors import ConfigError
-from ..plugins.hookspecs import hookimpl
-from .base import Verifier
+from ..core.hookspecs import hookimpl
+from ..core.components import Verifier
 
 
 @attrs.define(eq=False)

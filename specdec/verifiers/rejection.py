@@ -20,8 +20,8 @@ import torch
 
 from ..core.sampling import sample
 from ..core.types import Draft, Verdict
-from ..plugins.hookspecs import hookimpl
-from .base import Verifier
+from ..core.hookspecs import hookimpl
+from ..core.components import Verifier
 from .greedy import greedy_verdict
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any, Callable
 
 import attrs
@@ -12,28 +13,16 @@ from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel
 from transformers.generation import GenerateDecoderOnlyOutput, GenerateEncoderDecoderOutput
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
-from ..drafters.base import Drafter
+from ..config import SpecdecConfig
+from ..core import hookspecs
+from ..core.components import Drafter, LookaheadPolicy, Observer, Verifier
+from ..core.models import CausalLMRunner, Seq2SeqRunner, as_encoder_outputs, context_length, runner_for, vocab_size
+from ..core.state import DecodeState
+from ..core.types import DecodeOutput, Draft, Step
 from ..errors import ConfigError, InputError
-from ..observers.base import Observer
 from ..observers.stats import StatsObserver
-from ..plugins import hookspecs
-from ..policies.base import LookaheadPolicy
-from ..verifiers.base import Verifier
-from .models import CausalLMRunner, Seq2SeqRunner, as_encoder_outputs, context_length, runner_for, vocab_size
-from .state import DecodeState
-from .types import DecodeOutput, Draft, Step
-
-
-def _default_policy():
-    from ..policies.constant import ConstantLookahead
-
-    return ConstantLookahead()
-
-
-def _default_verifier():
-    from ..verifiers.greedy import GreedyVerifier
-
-    return GreedyVerifier()
+from ..policies.constant import ConstantLookahead
+from ..verifiers.greedy import GreedyVerifier
 
 
 def _is_a(kind: type, label: str):
@@ -77,8 +66,8 @@ class SpeculativeDecoder:
 
     target: PreTrainedModel = attrs.field(validator=_target_model)
     drafter: Drafter = attrs.field(validator=_is_a(Drafter, "drafter"))
-    policy: LookaheadPolicy = attrs.field(factory=_default_policy, validator=_is_a(LookaheadPolicy, "lookahead policy"))
-    verifier: Verifier = attrs.field(factory=_default_verifier, validator=_is_a(Verifier, "verifier"))
+    policy: LookaheadPolicy = attrs.field(factory=ConstantLookahead, validator=_is_a(LookaheadPolicy, "lookahead policy"))
+    verifier: Verifier = attrs.field(factory=GreedyVerifier, validator=_is_a(Verifier, "verifier"))
     observers: list[Observer] = attrs.field(factory=list, converter=list, validator=_observers)
     _hooks: Any = attrs.field(init=False, repr=False)
     _stats: StatsObserver = attrs.field(init=False, repr=False)
@@ -105,6 +94,18 @@ class SpeculativeDecoder:
                 names = ", ".join(impl.plugin_name for impl in answering)
                 raise ConfigError(f"exactly one component must answer {hook} (the {role}); got {len(answering)}: {names}")
         self._hooks = manager.hook
+
+    @classmethod
+    def from_config(cls, config: SpecdecConfig | str | Path, target: PreTrainedModel | None = None,
+                    extra_observers=()) -> SpeculativeDecoder:
+        """The decoder a plugins.toml (a path or a parsed ``SpecdecConfig``) describes; its target is
+        loaded unless ``target`` is given."""
+        if not isinstance(config, SpecdecConfig):
+            config = SpecdecConfig.from_toml(config)
+        drafter, policy, verifier, observers = config.build_components(extra_observers)
+        if target is None:
+            target, _ = config.load_target()
+        return cls(target=target, drafter=drafter, policy=policy, verifier=verifier, observers=observers)
 
     # --- the request ---------------------------------------------------------------------------
 

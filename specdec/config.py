@@ -33,8 +33,8 @@ from typing import Any
 import attrs
 import torch
 
-from ..errors import ConfigError
-from .manager import get_registry
+from .errors import ConfigError
+from .plugins.manager import get_registry
 
 _SECTIONS = {"target", "drafter", "policy", "verifier", "sampling", "observers"}
 _TARGET_KEYS = {"model", "dtype", "device", "attn_implementation", "tokenizer"}
@@ -76,7 +76,7 @@ def parse_dtype(value: str, where: str) -> torch.dtype | str:
 
 @attrs.frozen
 class SpecdecConfig:
-    """A parsed plugins.toml. ``from_toml`` reads one; ``build_decoder`` makes the decoder it describes."""
+    """A parsed plugins.toml. ``from_toml`` reads one; ``SpeculativeDecoder.from_config`` builds the decoder it describes."""
 
     target: dict[str, Any]
     drafter: ComponentSpec
@@ -183,7 +183,7 @@ class SpecdecConfig:
         """
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from ..drafters.model import load_pretrained, load_seq2seq
+        from .core.models import load_pretrained, load_seq2seq
 
         who = f"{self.source}: [target]"
         if self.target_is_encoder_decoder:
@@ -223,15 +223,6 @@ class SpecdecConfig:
         verifier = self.verifier.build(self.source)
         observers = [spec.build(self.source) for spec in self.observers] + list(extra_observers)
         return drafter, policy, verifier, observers
-
-    def build_decoder(self, target=None, extra_observers=()):
-        """The ``SpeculativeDecoder`` this file describes, with ``target`` loaded unless given."""
-        from ..core.loop import SpeculativeDecoder
-
-        drafter, policy, verifier, observers = self.build_components(extra_observers)
-        if target is None:
-            target, _ = self.load_target()
-        return SpeculativeDecoder(target=target, drafter=drafter, policy=policy, verifier=verifier, observers=observers)
 
 
 def _table(data: dict[str, Any], name: str, source: str) -> dict[str, Any]:

@@ -59,14 +59,15 @@ def train(
     seed: int = typer.Option(0, help="Seed for the split and the initial weights."),
 ):
     """Label every draft position with the target's answer, fit the classifier, save it to --out."""
-    from ..plugins.config import SpecdecConfig
-    from .classifier import train_classifier
+    from ..config import SpecdecConfig
+    from ..decoding import SpeculativeDecoder
+    from ..training.classifier import train_classifier
 
     try:
         texts = read_prompts(prompts)
         spec = SpecdecConfig.from_toml(config)
         model, tokenizer = spec.load_target()
-        decoder = spec.build_decoder(target=model)
+        decoder = SpeculativeDecoder.from_config(spec, target=model)
         report = train_classifier(
             decoder,
             texts,

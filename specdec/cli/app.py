@@ -15,9 +15,10 @@ from rich.markup import escape
 from rich.table import Table
 from transformers.utils import logging as transformers_logging
 
-from .errors import SpecdecError
-from .observers.base import Observer
-from .plugins.config import SpecdecConfig
+from ..config import SpecdecConfig
+from ..core.components import Observer
+from ..decoding import SpeculativeDecoder
+from ..errors import SpecdecError
 
 # Model loading bars are noise on a command whose output is the generated text.
 transformers_logging.disable_progress_bar()
@@ -95,13 +96,13 @@ def generate(
         target, tokenizer = spec.load_target()
         extra = []
         if trace is not None:
-            from .observers.trace import TraceObserver
+            from ..observers.trace import TraceObserver
 
             extra.append(TraceObserver(path=str(trace)))
         stream = len(prompts) == 1 and not as_json
         if stream:
             extra.append(_Stream(tokenizer, console))
-        decoder = spec.build_decoder(target=target, extra_observers=extra)
+        decoder = SpeculativeDecoder.from_config(spec, target=target, extra_observers=extra)
         encoded = tokenizer(prompts, return_tensors="pt", padding=True)
         if stream:
             console.print(prompts[0], end="", markup=False, highlight=False, style="bold")
@@ -132,7 +133,7 @@ def generate(
 @app.command()
 def plugins(as_json: bool = typer.Option(False, "--json", help="Print machine-readable JSON")):
     """List every registered drafter, policy, verifier and observer, with options and package."""
-    from .plugins.manager import load_plugins
+    from ..plugins.manager import load_plugins
 
     loaded = load_plugins(refresh=True)
     entries = loaded.registry.entries()
@@ -231,7 +232,7 @@ def bench(
     """Time specdec against the target alone and Transformers' assisted generation."""
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from .bench import run_bench
+    from ..bench import run_bench
 
     sizes = _parse_list(batch_sizes, "batch-sizes", int)
     if any(size < 1 for size in sizes):
@@ -294,7 +295,7 @@ def bench(
 
 def _mount_subcommands() -> None:
     # Both modules import their heavy dependencies (audio, training) inside the commands.
-    from .policies.classifier_cli import policy_app
+    from .policy import policy_app
     from .transcribe import transcribe_command
 
     app.add_typer(policy_app, name="policy")

@@ -21,8 +21,8 @@ from typing import Any, Callable
 import attrs
 import torch
 
-from .core.loop import SpeculativeDecoder
 from .core.types import DecodeOutput, DecodeStats
+from .decoding import SpeculativeDecoder
 from .errors import ConfigError
 
 # Whisper's feature extractor: 16 kHz audio, one mel frame every 160 samples.

@@ -151,9 +151,10 @@ def transcribe_command(
     progress_bar: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar for long audio (stderr)."),
 ) -> None:
     """Transcribe (or translate) audio files with a Whisper target and a speculative drafter."""
-    from .errors import SpecdecError
-    from .plugins.config import SpecdecConfig
-    from .speech import WhisperSpeculativeDecoder
+    from ..config import SpecdecConfig
+    from ..decoding import SpeculativeDecoder
+    from ..errors import SpecdecError
+    from ..whisper import WhisperSpeculativeDecoder
 
     if task not in ("transcribe", "translate"):
         raise _fail(f"--task must be 'transcribe' or 'translate', got {task!r}")
@@ -170,7 +171,7 @@ def transcribe_command(
         processor = spec.load_processor()
         if not hasattr(processor, "feature_extractor"):
             raise _fail(f"{config}: the processor in {spec.target['model']!r} has no feature extractor")
-        whisper = WhisperSpeculativeDecoder(spec.build_decoder(target=target))
+        whisper = WhisperSpeculativeDecoder(SpeculativeDecoder.from_config(spec, target=target))
     except SpecdecError as exc:
         raise _fail(str(exc)) from None
 
