@@ -64,10 +64,7 @@ class WhisperStats:
         return self.decode.mean_accepted_length
 
     def add(self, output: DecodeOutput) -> None:
-        stats, total = output.stats, self.decode
-        for field in ("rows", "new_tokens", "drafted", "accepted", "iterations", "row_steps", "target_calls",
-                      "draft_calls", "wall_time_s"):
-            setattr(total, field, getattr(total, field) + getattr(stats, field))
+        self.decode = self.decode + output.stats
         self.windows += 1
 
     def as_dict(self) -> dict:

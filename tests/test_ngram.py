@@ -19,7 +19,7 @@ def state_for(decoder: SpeculativeDecoder, rows: list[list[int]]):
     width = max(len(r) for r in rows)
     input_ids = torch.tensor([[PAD] * (width - len(r)) + r for r in rows])
     mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
-    return decoder._prepare(input_ids, mask, 8, None, None, {})
+    return decoder.prepare(input_ids, mask, 8)
 
 
 def propose(decoder, rows, max_tokens, **options):

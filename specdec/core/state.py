@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, NamedTuple
 
 import attrs
 import torch
@@ -24,6 +24,15 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
     TypicalLogitsWarper,
 )
+
+
+class Committed(NamedTuple):
+    """What ``DecodeState.commit`` appended, per active row, on the host."""
+
+    accepted: torch.Tensor  # [B] long: drafts the verifier kept
+    appended: torch.Tensor  # [B] long: tokens committed (after eos and length cuts)
+    finished: torch.Tensor  # [B] bool
+    drafted: torch.Tensor  # [B] long
 
 
 @attrs.define(eq=False)
@@ -64,7 +73,6 @@ class DecodeState:
     iteration: int = 0
     target_calls: int = 0
     draft_calls: int = 0
-    last_target_probs: torch.Tensor | None = None  # [B] float32: target's p of each row's last token
     do_sample: bool = False
 
     @property
@@ -84,6 +92,49 @@ class DecodeState:
     def remaining_host(self) -> torch.Tensor:
         """[B] on the host: how many tokens each active row may still commit."""
         return self.prompt_width + self.max_new_tokens - self.lengths_host[self.rows_host]
+
+    def commit(self, appended: torch.Tensor, accepted: torch.Tensor, drafted: torch.Tensor) -> Committed:
+        """Append to each active row the first ``accepted[b] + 1`` tokens of ``appended`` ``[B, K + 1]``
+        (its accepted drafts, then the verifier's token), cut after an eos and at the length budget.
+
+        The device buffer is written first; then the iteration's one device sync brings the counts
+        and tokens to the host copies. Returns those host numbers.
+        """
+        device = self.device
+        position = torch.arange(appended.shape[1], device=device)[None, :]  # [1, K + 1]
+        count = accepted + 1
+        is_eos = torch.isin(appended, self.eos_token_ids) & (position < count[:, None])
+        count = torch.where(is_eos.any(1), is_eos.long().argmax(1) + 1, count)
+        lengths = self.lengths[self.rows]
+        remaining = self.prompt_width + self.max_new_tokens - lengths
+        count = torch.minimum(count, remaining)
+        finished = (count == remaining) | (is_eos & (position < count[:, None])).any(1)
+        trash = self.sequences.shape[1] - 1
+        write_at = torch.where(position < count[:, None], lengths[:, None] + position, trash)
+        self.sequences[self.rows[:, None], write_at] = appended
+        self.lengths[self.rows] = lengths + count
+
+        synced = torch.cat([torch.stack([accepted, count, finished.long(), drafted], dim=1), appended], dim=1).cpu()
+        accepted_host, count_host, finished_host, drafted_host = synced[:, :4].unbind(1)
+        rows_host = self.rows_host
+        position_host = torch.arange(appended.shape[1])[None, :]
+        write_at_host = torch.where(
+            position_host < count_host[:, None], self.lengths_host[rows_host][:, None] + position_host, trash
+        )
+        self.sequences_host[rows_host[:, None], write_at_host] = synced[:, 4:]
+        self.lengths_host[rows_host] += count_host
+        return Committed(accepted_host, count_host, finished_host.bool(), drafted_host)
+
+    def retire(self, finished_host: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Finished rows leave the batch: ``(keep, keep_host)``, the active positions that stay
+        (device, CPU), or None when every row goes on."""
+        if not bool(finished_host.any()):
+            return None
+        keep_host = (~finished_host).nonzero().flatten()
+        keep = keep_host.to(self.device, non_blocking=True)
+        self.rows = self.rows[keep]
+        self.rows_host = self.rows_host[keep_host]
+        return keep, keep_host
 
     def committed_since(self, fed_host: torch.Tensor):
         """The committed tokens a model has not read yet, as one right-aligned ragged block.

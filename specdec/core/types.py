@@ -6,6 +6,15 @@ import attrs
 import torch
 
 
+def token_id_list(value) -> list[int]:
+    """A generation config's token id setting (None, an int or a list of ints) as a list."""
+    if value is None:
+        return []
+    if isinstance(value, int):
+        return [value]
+    return [int(token) for token in value]
+
+
 @attrs.frozen
 class Draft:
     """What a drafter proposes for the active rows of one iteration.
@@ -86,6 +95,13 @@ class DecodeStats:
     target_calls: int = 0
     draft_calls: int = 0
     wall_time_s: float = 0.0
+
+    def __add__(self, other: DecodeStats) -> DecodeStats:
+        """The counts of two calls together (a transcription's windows, a benchmark's batches)."""
+        if not isinstance(other, DecodeStats):
+            return NotImplemented
+        return DecodeStats(**{field.name: getattr(self, field.name) + getattr(other, field.name)
+                              for field in attrs.fields(DecodeStats)})
 
     @property
     def acceptance_rate(self) -> float:

@@ -19,7 +19,8 @@ import attrs
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from ..core.models import CausalLMRunner, Seq2SeqRunner, load_pretrained, load_seq2seq, runner_for, vocab_size
+from ..core.cached_model import CachedModel
+from ..core.models import Seq2SeqRunner, load_pretrained, load_seq2seq, runner_for, vocab_size
 from ..core.sampling import sample
 from ..core.types import Draft
 from ..errors import ConfigError, IncompatibleModelsError
@@ -44,10 +45,7 @@ class ModelDrafter(Drafter):
     name = "model"
 
     model: PreTrainedModel | str = attrs.field(validator=_model_or_path)
-    _runner: CausalLMRunner | Seq2SeqRunner | None = attrs.field(default=None, init=False, repr=False)
-    _slots = attrs.field(default=None, init=False, repr=False)
-    _fed_host: torch.Tensor | None = attrs.field(default=None, init=False, repr=False)
-    _catch_up_width: int = attrs.field(default=0, init=False, repr=False)
+    _cached: CachedModel | None = attrs.field(default=None, init=False, repr=False)
     _drafts_fed: int = attrs.field(default=0, init=False, repr=False)
 
     def check_target(self, target) -> None:
@@ -95,9 +93,8 @@ class ModelDrafter(Drafter):
     def begin(self, state, target) -> None:
         if self.model.device != target.device:
             self.model.to(target.device)
-        self._runner = self._start_runner(state)
-        self._slots = self._runner.new_cache(state.batch_size)
-        self._fed_host = torch.zeros(state.batch_size, dtype=torch.long)
+        self._cached = CachedModel(self._start_runner(state))
+        self._cached.begin(state)
 
     @torch.no_grad()
     def propose(self, state, max_tokens, keep_drafting) -> Draft:
@@ -111,11 +108,10 @@ class ModelDrafter(Drafter):
         lengths = torch.zeros(batch, dtype=torch.long, device=device)
         drafting = limit > 0  # [B]
 
-        input_ids, valid = state.committed_since(self._fed_host[state.rows_host])  # [B, W]
-        self._catch_up_width = input_ids.shape[1]
+        fed = None  # the first read of a round catches up on the committed tokens by itself
         drafted = 0
         for j in range(width):
-            logits = self._runner.forward(self._slots, input_ids, valid, logits_to_keep=1)[:, -1]  # [B, V]
+            logits = self._cached.read(state, fed)[:, -1]  # [B, V]
             state.draft_calls += 1
             scores = state.process(logits.float()[:, None], tokens[:, :j])[:, 0]  # [B, V]
             q = torch.softmax(scores, dim=-1)  # [B, V] fp32
@@ -140,7 +136,7 @@ class ModelDrafter(Drafter):
                 drafting = drafting & keep
                 if not bool(drafting.any()):
                     break
-            input_ids, valid = token[:, None], torch.ones(batch, 1, dtype=torch.bool, device=device)
+            fed = token[:, None]
         self._drafts_fed = drafted - 1
         return Draft(
             tokens=tokens[:, :drafted],
@@ -150,24 +146,12 @@ class ModelDrafter(Drafter):
         )
 
     def on_step(self, state, step) -> None:
-        if step.draft.width == 0:
-            return  # the draft was not asked this iteration and read nothing
+        # Of the drafts it read (all but the last it drafted), the accepted ones stay in its cache.
         fed = self._drafts_fed
-        kept_drafts = step.accepted_host.clamp(max=fed)
-        self._slots.drop_tail(
-            self._catch_up_width + fed,
-            keep_columns=self._catch_up_width + step.verdict.accepted.clamp(max=fed),
-        )
-        # Everything committed before this step is now in the cache, plus the accepted drafts it
-        # read while drafting.
-        before = state.lengths_host[step.rows_host] - step.appended_host
-        self._fed_host[step.rows_host] = before + kept_drafts
-        real = self._fed_host[step.rows_host] - state.padding_host[step.rows_host]
-        self._slots.maybe_compact(int(real.max()))
+        self._cached.keep(state, step.rows_host, step.verdict.accepted.clamp(max=fed), step.accepted_host.clamp(max=fed))
 
     def select_rows(self, state, keep, keep_host) -> None:
-        self._slots.select_rows(keep, widest=int((self._fed_host - state.padding_host)[state.rows_host].max()))
-        self._runner.select_rows(keep)
+        self._cached.select_rows(state, keep)
 
 
 def _encoder_input_shape(model) -> tuple:

@@ -25,12 +25,11 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Sequence
 
 import attrs
 import torch
 
-from ..errors import ConfigError, InputError
+from ..errors import ConfigError
 from ..core.hookspecs import hookimpl
 from ..core.components import LookaheadPolicy
 from .draft_confidence import at_least_one, probability
