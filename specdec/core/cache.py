@@ -3,8 +3,10 @@
 Rows of a speculative batch accept different numbers of drafted tokens. Rather than cropping the
 whole batch to the shortest acceptance, or realigning every row each step, rejected slots stay in
 the cache as *holes*: the 2D attention mask hides them and position ids count only valid slots,
-which gives the same logits as the compact sequence (checked to 1e-16 in float64 for Llama, GPT-2,
-Qwen2 and Whisper's decoder). When holes dominate, `compact` gathers each row's valid slots to the
+which gives the same logits as the compact sequence (tests/test_cache.py checks it to 1e-12 in
+float64 for Llama and GPT-2; the exactness tests cover every model family in tests/architectures.py).
+Each slot also remembers its position, from which windowed and chunked attention masks are built
+(core/masks.py). When holes dominate, `compact` gathers each row's valid slots to the
 right and drops the columns nobody needs.
 
 Decisions about shapes (when to compact) need the row lengths on the host; the caller passes them
@@ -28,13 +30,15 @@ def _self_attention_layers(cache: Cache) -> list:
 class SlotCache:
     """A transformers ``Cache`` plus the per-row bookkeeping of which slots are valid.
 
-    ``slot_mask[b, j]`` says whether slot j of row b holds a token of that row's sequence;
-    ``n_valid[b]`` is how many do, which is also the position id of the row's next token.
+    ``slot_mask[b, j]`` says whether slot j of row b holds a token of that row's sequence and
+    ``positions[b, j]`` is that token's position; ``n_valid[b]`` is how many slots are valid, which
+    is also the position id of the row's next token.
     """
 
     def __init__(self, cache: Cache, batch_size: int, device: torch.device):
         self.cache = cache
         self.slot_mask = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)
+        self.positions = torch.zeros(batch_size, 0, dtype=torch.long, device=device)
         self.n_valid = torch.zeros(batch_size, dtype=torch.long, device=device)
         self.compactions = 0
 
@@ -52,6 +56,7 @@ class SlotCache:
         # to be a legal index.
         position_ids = (self.n_valid[:, None] + valid.cumsum(1) - 1).clamp_(min=0)  # [B, n]
         self.slot_mask = torch.cat([self.slot_mask, valid], dim=1)  # [B, L + n]
+        self.positions = torch.cat([self.positions, position_ids], dim=1)  # [B, L + n]
         self.n_valid = self.n_valid + valid.sum(1)
         return self.slot_mask.long(), position_ids
 
@@ -74,6 +79,7 @@ class SlotCache:
         """Keep only the rows in ``index`` (finished rows leave the batch)."""
         self.cache.batch_select_indices(index)
         self.slot_mask = self.slot_mask[index]
+        self.positions = self.positions[index]
         self.n_valid = self.n_valid[index]
         self.maybe_compact(widest)
 
@@ -91,6 +97,7 @@ class SlotCache:
         key = self.slot_mask.long() * length + positions[None, :]
         order = key.argsort(dim=1)[:, length - width :]  # [B, width]
         self.slot_mask = self.slot_mask.gather(1, order)
+        self.positions = self.positions.gather(1, order)
         for layer in _self_attention_layers(self.cache):
             if not isinstance(layer, DynamicLayer) or not getattr(layer, "is_initialized", False):
                 continue

@@ -18,6 +18,7 @@ from transformers.utils import ModelOutput
 
 from ..errors import ConfigError, InputError
 from .cache import SlotCache
+from .masks import AttentionLayout
 
 
 def _accepts(model: PreTrainedModel, argument: str) -> bool:
@@ -97,6 +98,8 @@ class CausalLMRunner:
         else:
             self._encoder_argument = None
         self.encoder_outputs: ModelOutput | None = None
+        self.layout = AttentionLayout.of(model)
+        self.layout.check(model)
 
     @property
     def device(self) -> torch.device:
@@ -136,6 +139,8 @@ class CausalLMRunner:
         logits_to_keep: int,
     ) -> torch.Tensor:  # [B, logits_to_keep, V]
         attention_mask, position_ids = slots.extend(valid)
+        if self.layout.counts_positions:
+            attention_mask = self.layout.masks(slots.slot_mask, slots.positions, position_ids, self.model.dtype)
         kwargs = {}
         if self._logits_to_keep:
             kwargs["logits_to_keep"] = logits_to_keep

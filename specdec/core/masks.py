@@ -1,0 +1,95 @@
+"""Attention masks that count windows in positions, not cache slots.
+
+transformers builds sliding-window and chunked masks from cache slot indices, and its sliding-window
+cache layers keep only the last W slots. A cache with holes breaks both: rejected slots count
+against the window, so a token still inside the window by position is hidden. For models whose
+layers attend through a window or in chunks, ``AttentionLayout`` builds the 4D masks itself from
+each slot's position (``SlotCache.positions``), one per kind of layer, and hands them to the model
+prepared (transformers uses a 4D mask, or a dict of them by layer type, as it is). Full-attention
+models keep the 2D slot mask, which is what transformers expects and what the tests prove exact.
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from ..errors import ConfigError
+
+FULL, SLIDING, CHUNKED = "full_attention", "sliding_attention", "chunked_attention"
+_ATTENTION_KINDS = (FULL, SLIDING, CHUNKED)
+_MASK_FORMATS = ("sdpa", "eager")  # implementations that take a prepared 4D mask as it is
+
+
+@attrs.frozen
+class AttentionLayout:
+    """The kinds of attention a model's layers use (``layer_types``), with the sliding window and the
+    chunk size, in positions."""
+
+    kinds: tuple[str, ...]  # the distinct attention kinds among the layers
+    sliding_window: int | None = None
+    chunk_size: int | None = None
+    implementation: str = "sdpa"
+
+    @classmethod
+    def of(cls, model) -> AttentionLayout:
+        config = model.config.get_text_config(decoder=True)
+        window = getattr(config, "sliding_window", None)
+        if getattr(config, "use_sliding_window", True) is False:
+            window = None
+        chunk = getattr(config, "attention_chunk_size", None)
+        layer_types = getattr(config, "layer_types", None)
+        if layer_types:
+            kinds = tuple(kind for kind in _ATTENTION_KINDS if kind in layer_types)
+        elif isinstance(window, int):
+            kinds = (SLIDING,)  # one window for every layer (Mistral, Phi-3, Starcoder2, ...)
+        else:
+            kinds = (FULL,)
+        implementation = getattr(config, "_attn_implementation", None) or "sdpa"
+        return cls(kinds, window if isinstance(window, int) else None, chunk if isinstance(chunk, int) else None,
+                   implementation)
+
+    @property
+    def counts_positions(self) -> bool:
+        """Whether some layer attends through a window or in chunks (then the loop builds the masks)."""
+        return any(kind != FULL for kind in self.kinds)
+
+    def check(self, model) -> None:
+        if self.counts_positions and self.implementation not in _MASK_FORMATS:
+            raise ConfigError(
+                f"{type(model).__name__} uses {' and '.join(self.kinds)} with attn_implementation="
+                f"{self.implementation!r}; specdec builds its window masks for 'sdpa' or 'eager': load the model "
+                "with attn_implementation='sdpa'"
+            )
+        if SLIDING in self.kinds and self.sliding_window is None or CHUNKED in self.kinds and self.chunk_size is None:
+            raise ConfigError(f"{type(model).__name__}'s config names {self.kinds} layers but no window or chunk size")
+
+    def masks(
+        self,
+        slot_mask: torch.Tensor,  # [B, L] bool: which slots hold a token (the new block's included)
+        positions: torch.Tensor,  # [B, L] long: each slot's position
+        query_positions: torch.Tensor,  # [B, n] long: positions of the last n slots (the block read now)
+        dtype: torch.dtype,
+    ) -> torch.Tensor | dict[str, torch.Tensor]:
+        """The prepared 4D mask ``[B, 1, n, L]`` of each attention kind: a tensor if there is one kind,
+        else a dict by layer type."""
+        length, n = slot_mask.shape[1], query_positions.shape[1]
+        key_pos = positions[:, None, :]  # [B, 1, L]
+        query_pos = query_positions[:, :, None]  # [B, n, 1]
+        visible = slot_mask[:, None, :] & (key_pos <= query_pos)  # [B, n, L]
+        # A query slot that is a hole still sees itself, so no row of the mask is empty (an empty
+        # row makes NaNs that the next layer would read from the cache).
+        own = torch.arange(length - n, length, device=slot_mask.device)
+        visible[:, torch.arange(n, device=slot_mask.device), own] = True
+        masks = {}
+        for kind in self.kinds:
+            seen = visible
+            if kind == SLIDING:
+                seen = visible & (query_pos - key_pos < self.sliding_window)
+            elif kind == CHUNKED:
+                seen = visible & (key_pos // self.chunk_size == query_pos // self.chunk_size)
+            seen = seen[:, None]  # [B, 1, n, L]
+            if self.implementation == "eager":
+                seen = torch.zeros(seen.shape, dtype=dtype, device=seen.device).masked_fill_(~seen, torch.finfo(dtype).min)
+            masks[kind] = seen
+        return masks[self.kinds[0]] if len(masks) == 1 else masks
