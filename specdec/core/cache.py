@@ -16,7 +16,9 @@ in from numbers it has already synced, so the cache itself never forces a device
 from __future__ import annotations
 
 import torch
-from transformers.cache_utils import Cache, DynamicLayer, EncoderDecoderCache
+from transformers.cache_utils import Cache, DynamicLayer, EncoderDecoderCache, LinearAttentionCacheLayerMixin
+
+from .recurrent import RecurrentStates
 
 
 def _self_attention_layers(cache: Cache) -> list:
@@ -37,6 +39,10 @@ class SlotCache:
 
     def __init__(self, cache: Cache, batch_size: int, device: torch.device):
         self.cache = cache
+        # Recurrent layers' states, rewound to each row's last kept token (core/recurrent.py).
+        layers = _self_attention_layers(cache)
+        recurrent = any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in layers)
+        self.recurrent = RecurrentStates(cache) if recurrent else None
         self.slot_mask = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)
         self.positions = torch.zeros(batch_size, 0, dtype=torch.long, device=device)
         self.n_valid = torch.zeros(batch_size, dtype=torch.long, device=device)
@@ -68,6 +74,8 @@ class SlotCache:
         """
         if n == 0:
             return
+        if self.recurrent is not None:
+            self.recurrent.rewind(keep_columns)
         tail = self.slot_mask[:, -n:]  # [B, n]
         kept = torch.arange(n, device=tail.device)[None, :] < keep_columns[:, None]
         self.n_valid = self.n_valid - (tail & ~kept).sum(1)
@@ -77,7 +85,13 @@ class SlotCache:
 
     def select_rows(self, index: torch.Tensor, widest: int) -> None:
         """Keep only the rows in ``index`` (finished rows leave the batch)."""
-        self.cache.batch_select_indices(index)
+        for layer in _self_attention_layers(self.cache):
+            if isinstance(layer, DynamicLayer):  # the attention part of a hybrid layer too
+                layer.batch_select_indices(index)
+        if isinstance(self.cache, EncoderDecoderCache):
+            self.cache.cross_attention_cache.batch_select_indices(index)
+        if self.recurrent is not None:
+            self.recurrent.select_rows(index)
         self.slot_mask = self.slot_mask[index]
         self.positions = self.positions[index]
         self.n_valid = self.n_valid[index]

@@ -72,8 +72,17 @@ class CachedModel:
             catch_up, catch_up_valid = state.committed_since(self.fed_host[state.rows_host])  # [B, W]
             self._round_start_host = state.lengths_host[state.rows_host].clone()
             self._catch_up_columns = catch_up.shape[1]
+            if self.slots.recurrent is not None and tokens.shape[1]:
+                # Recurrent states read the committed block first, as generate reads the prompt,
+                # then each speculative token with a checkpoint after it.
+                first = self._forward(catch_up, catch_up_valid, max(logits_to_keep - tokens.shape[1], 1))
+                rest = self._forward(tokens, valid, min(logits_to_keep, tokens.shape[1]))
+                return torch.cat([first, rest], dim=1)[:, -logits_to_keep:]
             tokens = torch.cat([catch_up, tokens], dim=1)
             valid = torch.cat([catch_up_valid, valid], dim=1)
+        return self._forward(tokens, valid, logits_to_keep)
+
+    def _forward(self, tokens, valid, logits_to_keep):
         self._round_columns += tokens.shape[1]
         return self.runner.forward(self.slots, tokens, valid, logits_to_keep=logits_to_keep)
 

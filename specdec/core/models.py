@@ -19,6 +19,7 @@ from transformers.utils import ModelOutput
 from ..errors import ConfigError, InputError
 from .cache import SlotCache
 from .masks import AttentionLayout
+from .recurrent import recurrent_cache
 
 
 def _accepts(model: PreTrainedModel, argument: str) -> bool:
@@ -100,6 +101,8 @@ class CausalLMRunner:
         self.encoder_outputs: ModelOutput | None = None
         self.layout = AttentionLayout.of(model)
         self.layout.check(model)
+        # Mamba-style models take their cache as cache_params.
+        self._cache_argument = "past_key_values" if _accepts(model, "past_key_values") else "cache_params"
 
     @property
     def device(self) -> torch.device:
@@ -113,7 +116,7 @@ class CausalLMRunner:
     def new_cache(self, batch_size: int) -> SlotCache:
         if self.encoder_outputs is not None:
             return SlotCache(EncoderDecoderCache(DynamicCache(), DynamicCache()), batch_size, self.device)
-        return SlotCache(DynamicCache(), batch_size, self.device)
+        return SlotCache(recurrent_cache(self.model) or DynamicCache(), batch_size, self.device)
 
     def begin(self, encoder_outputs=None, **model_inputs) -> ModelOutput | None:
         """Per-request inputs other than tokens. A decoder-only LM reads none of the encoder's
@@ -138,6 +141,26 @@ class CausalLMRunner:
         valid: torch.Tensor,  # [B, n] bool
         logits_to_keep: int,
     ) -> torch.Tensor:  # [B, logits_to_keep, V]
+        states = slots.recurrent
+        if states is None:
+            return self._forward(slots, input_ids, valid, logits_to_keep)
+        if not states.checkpoints:
+            states.begin_round()
+        if not states.started:  # the prompt, read at once as generate reads it
+            logits = self._forward(slots, input_ids, valid, logits_to_keep)
+            states.record(input_ids.shape[1])
+            return logits
+        # Recurrent layers continue from a state one token at a time: one forward per column, a hole
+        # leaves its row's state as it was, and a checkpoint after every column for the rewind.
+        logits = []
+        for column in range(input_ids.shape[1]):
+            before = states.checkpoints[-1]
+            logits.append(self._forward(slots, input_ids[:, column : column + 1], valid[:, column : column + 1], 1))
+            states.keep_rows(before, valid[:, column])
+            states.record(1)
+        return torch.cat(logits, dim=1)[:, -logits_to_keep:]
+
+    def _forward(self, slots: SlotCache, input_ids, valid, logits_to_keep: int) -> torch.Tensor:
         attention_mask, position_ids = slots.extend(valid)
         if self.layout.counts_positions:
             attention_mask = self.layout.masks(slots.slot_mask, slots.positions, position_ids, self.model.dtype)
@@ -147,11 +170,11 @@ class CausalLMRunner:
         if self.encoder_outputs is not None:
             hidden = self.encoder_outputs.last_hidden_state  # [B, S, D]
             kwargs[self._encoder_argument] = self.encoder_outputs if self._encoder_argument == "encoder_outputs" else hidden
+        kwargs[self._cache_argument] = slots.cache
         out = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=slots.cache,
             use_cache=True,
             **kwargs,
         )
