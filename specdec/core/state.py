@@ -16,6 +16,7 @@ from transformers.generation.logits_process import (
     InfNanRemoveLogitsProcessor,
     LogitNormalization,
     MinPLogitsWarper,
+    PrefixConstrainedLogitsProcessor,
     RepetitionPenaltyLogitsProcessor,
     SuppressTokensLogitsProcessor,
     TemperatureLogitsWarper,
@@ -235,6 +236,11 @@ def _for_rows(processor, original: torch.Tensor):
     if kind is EncoderRepetitionPenaltyLogitsProcessor:
         view = copy.copy(processor)  # encoder_input_ids: each row's prompt
         view.encoder_input_ids = processor.encoder_input_ids[original.to(processor.encoder_input_ids.device)]
+        return view
+    if kind is PrefixConstrainedLogitsProcessor and processor._num_beams == 1:
+        view = copy.copy(processor)  # calls the user's function with each row's batch index
+        rows, allowed = original.tolist(), processor._prefix_allowed_tokens_fn
+        view._prefix_allowed_tokens_fn = lambda batch_id, input_ids: allowed(rows[batch_id], input_ids)
         return view
     if kind is EncoderNoRepeatNGramLogitsProcessor:
         view = copy.copy(processor)  # generated_ngrams: the n-grams of each row's prompt

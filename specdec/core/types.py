@@ -34,6 +34,15 @@ class Draft:
     def width(self) -> int:
         return self.tokens.shape[1]
 
+    def in_draft(self) -> torch.Tensor:
+        """[B, K] bool: which columns are drafts (the rest is padding)."""
+        return torch.arange(self.width, device=self.tokens.device)[None, :] < self.lengths[:, None]
+
+    def with_padding(self, token: int) -> Draft:
+        """The same draft with ``token`` in its padding columns, whatever the drafter left there (models
+        and processors read every column, so an id such as -1 must not reach them)."""
+        return attrs.evolve(self, tokens=self.tokens.masked_fill(~self.in_draft(), token))
+
     @classmethod
     def empty(cls, batch_size: int, device: torch.device) -> Draft:
         """No drafts at all: the iteration is a plain target step for every row."""

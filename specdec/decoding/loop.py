@@ -184,12 +184,12 @@ class SpeculativeDecoder:
         # 2. draft
         if int(max_tokens.max()) > 0:
             draft = hooks.specdec_propose(state=state, max_tokens=max_tokens, keep_drafting=self._keep_drafting(state))
+            draft = draft.with_padding(state.pad_token_id)
         else:
             draft = Draft.empty(state.active, state.device)
 
         # 3. verify: ONE target forward over [unread committed tokens, d1 .. dK] for every row.
-        in_draft = torch.arange(draft.width, device=state.device)[None, :] < draft.lengths[:, None]  # [B, K]
-        logits = target.read(state, draft.tokens, in_draft, logits_to_keep=draft.width + 1)  # [B, K + 1, V]
+        logits = target.read(state, draft.tokens, draft.in_draft(), logits_to_keep=draft.width + 1)  # [B, K + 1, V]
         state.target_calls += 1
         scores = state.process(logits.float(), draft.tokens)  # fp32, as model.generate's scores
         verdict = hooks.specdec_verify(state=state, draft=draft, scores=scores)

@@ -17,7 +17,6 @@ from ..errors import ConfigError, InputError
 # generate options that ask for something specdec does not return, and why.
 _UNSUPPORTED = {
     "num_beams": "beam search is not speculative decoding: num_beams must be 1",
-    "num_return_sequences": "num_return_sequences: repeat the prompt rows instead (specdec returns one sequence per row)",
     "output_scores": "output_scores: specdec returns token ids and stats, not per-step scores",
     "output_logits": "output_logits: specdec returns token ids and stats, not per-step logits",
     "output_attentions": "output_attentions: specdec returns token ids and stats, not attentions",
@@ -68,14 +67,31 @@ def prepare_request(
     _check_encoder_rows(encoder_input, encoder_outputs, model_inputs, input_ids.shape[0])
     config = _generation_config(target, generation_config, options, max_new_tokens, input_ids.shape[1], int(real.max()))
     verifier.check_generation_config(config)
+    copies = config.num_return_sequences or 1
+    if copies > 1 and processors is None:  # model.generate expands its rows itself
+        input_ids, mask, real, encoder_input, encoder_outputs, model_inputs = _repeat_rows(
+            copies, input_ids, mask, real, encoder_input, encoder_outputs, model_inputs)
     if processors is None:  # a direct call; model.generate (custom_generate) checks its own outputs
         for name, reason in _UNSUPPORTED.items():
-            if getattr(config, name, None) not in (None, False, 1):
+            if name != "num_beams" and getattr(config, name, False):
                 raise ConfigError(reason)
         processors = _logits_processors(
             target, config, input_ids, mask, encoder_input, custom_processors, prefix_allowed_tokens_fn
         )
     return _new_state(target, config, processors, input_ids, mask, real, generator, model_inputs, encoder_outputs)
+
+
+def _repeat_rows(copies, input_ids, mask, real, encoder_input, encoder_outputs, model_inputs):
+    """``num_return_sequences``: each row ``copies`` times in a row, as ``model.generate`` expands them
+    (the generation config's own validation has refused it without sampling)."""
+
+    def repeat(value):
+        return value.repeat_interleave(copies, dim=0) if isinstance(value, torch.Tensor) else value
+
+    model_inputs = {name: repeat(value) for name, value in model_inputs.items()}
+    if encoder_outputs is not None:
+        encoder_outputs = type(encoder_outputs)(**{name: repeat(field) for name, field in encoder_outputs.items()})
+    return repeat(input_ids), repeat(mask), repeat(real), repeat(encoder_input), encoder_outputs, model_inputs
 
 
 def _check_encoder_inputs(target, main_input_name, model_inputs: dict, encoder_outputs) -> torch.Tensor | None:
@@ -166,7 +182,10 @@ def _check_encoder_rows(encoder_input, encoder_outputs, model_inputs: dict, batc
 def _generation_config(target, generation_config, options: dict, max_new_tokens, width: int, longest: int):
     """The request's generation config: the target's (or the given one), updated with ``options``."""
     config = copy.deepcopy(generation_config if generation_config is not None else target.generation_config)
-    unused = config.update(**options)
+    try:
+        unused = config.update(**options)
+    except ValueError as exc:  # transformers validates the combination, e.g. num_return_sequences without sampling
+        raise ConfigError(f"generation options: {exc}") from None
     if unused:
         raise InputError(f"unknown generation option(s): {', '.join(sorted(unused))}")
     if max_new_tokens is not None:
@@ -186,6 +205,7 @@ def _generation_config(target, generation_config, options: dict, max_new_tokens,
         )
     if getattr(config, "num_beams", 1) not in (None, 1):
         raise ConfigError(_UNSUPPORTED["num_beams"])
+    config.num_beams = 1  # as generate resolves it; processors such as prefix_allowed_tokens_fn read it
     if config.guidance_scale not in (None, 1, 1.0):
         raise ConfigError(
             f"guidance_scale={config.guidance_scale}: classifier-free guidance runs a second, unconditional "

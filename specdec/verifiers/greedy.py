@@ -38,8 +38,7 @@ def greedy_verdict(draft: Draft, scores: torch.Tensor) -> Verdict:
     """
     target_tokens = scores.argmax(-1)  # [B, K + 1]
     width = draft.width
-    in_draft = torch.arange(width, device=scores.device)[None, :] < draft.lengths[:, None]  # [B, K]
-    agree = (draft.tokens == target_tokens[:, :width]) & in_draft
+    agree = (draft.tokens == target_tokens[:, :width]) & draft.in_draft()
     accepted = agree.long().cumprod(1).sum(1)  # [B]: length of the agreeing prefix
     next_token = target_tokens.gather(1, accepted[:, None])[:, 0]  # [B]
     at_next = scores.gather(1, accepted[:, None, None].expand(-1, 1, scores.shape[-1]))[:, 0]  # [B, V]

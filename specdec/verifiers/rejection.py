@@ -41,7 +41,8 @@ class RejectionVerifier(Verifier):
         batch, width = draft.tokens.shape
         vocab = scores.shape[-1]
         p = torch.softmax(scores.float(), dim=-1)  # [B, K + 1, V] fp32
-        tokens = draft.tokens  # [B, K]
+        in_draft = draft.in_draft()  # [B, K]
+        tokens = draft.tokens.masked_fill(~in_draft, 0)  # [B, K]; padding columns are never read
         p_token = p[:, :width].gather(2, tokens[..., None])[..., 0]  # [B, K]
         if draft.probs is None:
             q_token = torch.ones_like(p_token)  # one-hot q
@@ -50,7 +51,6 @@ class RejectionVerifier(Verifier):
 
         # Keep with probability min(1, p / q): u < p / q, without dividing (q > 0 for a drawn token).
         u = torch.rand(batch, width, generator=generator, device=scores.device)  # [B, K]
-        in_draft = torch.arange(width, device=scores.device)[None, :] < draft.lengths[:, None]  # [B, K]
         keep = (u * q_token < p_token) & in_draft
         accepted = keep.long().cumprod(1).sum(1)  # [B]: drafts kept before the first rejection
 
