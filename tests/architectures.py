@@ -25,7 +25,7 @@ HIDDEN = 64
 PAD, BOS, EOS = 0, 1, 2
 # Relative noise of the draft's weights: about half of its drafts are accepted (see the sweep's
 # acceptance column in docs/architectures.md).
-DRAFT_NOISE = 0.1
+DRAFT_NOISE = 0.05
 
 # One representative architecture per family; the family decides how the KV cache must behave.
 FAMILIES: dict[str, str] = {
@@ -100,6 +100,22 @@ OVERRIDES: dict[str, dict] = {
     "jamba": {"num_hidden_layers": 4, "attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2,
               "expert_layer_offset": 1, "use_mamba_kernels": False},
     "lfm2": {"num_hidden_layers": 4, "full_attn_idxs": [1, 3], "layer_types": None},
+    "lfm2_moe": {"num_hidden_layers": 4, "layer_types": ["conv", "full_attention", "conv", "full_attention"],
+                 "num_dense_layers": 1},
+    "codegen": {"rotary_dim": 8},
+    "gptj": {"rotary_dim": 8},
+    "zamba": {"attention_hidden_size": 2 * HIDDEN, "mamba_d_head": 16, "n_mamba_heads": 8},
+    "zamba2": {"attention_hidden_size": 2 * HIDDEN, "mamba_headdim": 16, "n_mamba_heads": 8, "kv_channels": 32,
+               "num_hidden_layers": 4, "hybrid_layer_ids": [1, 3], "layers_block_type": None},
+    "xlstm": {"embedding_dim": HIDDEN, "num_heads": 4},
+    "deepseek_v2": {"topk_group": 1, "n_group": 1, "num_experts_per_tok": 2},
+    "ministral": {"head_dim": 16},
+    "hunyuan_v1_dense": {"head_dim": 16},
+    "hunyuan_v1_moe": {"head_dim": 16},
+    "falcon_h1": {"mamba_d_ssm": 2 * HIDDEN, "mamba_n_heads": 8, "mamba_d_head": 16},
+    "recurrent_gemma": {"num_hidden_layers": 3},
+    "granitemoehybrid": {"num_hidden_layers": 2, "layer_types": ["linear_attention", "attention"],
+                         "mamba_n_heads": 8, "mamba_d_head": 16},
     "gpt_neo": {"num_layers": 2, "attention_types": [[["global", "local"], 1]], "attention_layers": ["global", "local"]},
     "mpt": {"attn_config": {"alibi": True, "attn_impl": "torch"}},
 }
