@@ -202,6 +202,14 @@ def _inputs():
     return cases
 
 
+_PHASE = None  # a shared multiprocessing.Value in a sweep child: 0 building / generate, 1 specdec
+
+
+def _enter_specdec_phase():
+    if _PHASE is not None:
+        _PHASE.value = 1
+
+
 def check_architecture(arch: str, quick: bool = False) -> dict:
     """Run every configuration on one architecture; return its result record."""
     result = {"arch": arch, "verdict": None, "detail": "", "configs": [], "class": None}
@@ -232,6 +240,7 @@ def check_architecture(arch: str, quick: bool = False) -> dict:
             return result
         references[name] = ref
 
+    _enter_specdec_phase()
     drafted = accepted = 0
     configs = [(d, p) for d in DRAFTERS for p in POLICIES]
     for drafter_name, policy_name in configs:
@@ -307,7 +316,9 @@ def check_architecture(arch: str, quick: bool = False) -> dict:
     return result
 
 
-def _child(arch, quick, connection):
+def _child(arch, quick, connection, phase):
+    global _PHASE
+    _PHASE = phase
     try:
         result = check_architecture(arch, quick)
     except BaseException as exc:  # noqa: BLE001
@@ -320,7 +331,8 @@ def run_isolated(arch: str, timeout: float, quick: bool) -> dict:
     """``check_architecture`` in a forked child, killed after ``timeout`` seconds."""
     context = multiprocessing.get_context("fork")
     receive, send = context.Pipe(duplex=False)
-    process = context.Process(target=_child, args=(arch, quick, send), daemon=True)
+    phase = context.Value("i", 0)
+    process = context.Process(target=_child, args=(arch, quick, send, phase), daemon=True)
     started = time.perf_counter()
     process.start()
     send.close()
@@ -337,7 +349,10 @@ def run_isolated(arch: str, timeout: float, quick: bool) -> dict:
     if result is None:
         elapsed = time.perf_counter() - started
         reason = f"timed out after {timeout:.0f} s" if elapsed >= timeout else f"worker died (exit code {process.exitcode})"
-        result = {"arch": arch, "verdict": "CRASH", "detail": f"sweep harness: {reason}", "configs": []}
+        # A hang while building the model or in transformers' own generate is no verdict on specdec.
+        where = "in specdec" if phase.value else "building the model or in generate"
+        verdict = "CRASH" if phase.value else "SKIP"
+        result = {"arch": arch, "verdict": verdict, "detail": f"sweep harness: {reason} {where}", "configs": []}
     result.setdefault("seconds", round(time.perf_counter() - started, 2))
     return result
 
