@@ -42,6 +42,7 @@ FAMILIES: dict[str, str] = {
     "hybrid_ssm": "jamba",  # mamba layers and attention layers (+ MoE)
     "gated_delta": "qwen3_next",  # gated delta-net linear attention + full attention
     "short_conv": "lfm2",  # short convolutions + full attention
+    "sparse_indexed": "deepseek_v32",  # MLA with a sparse-attention indexer key cache (DSA)
 }
 
 # Attribute name -> tiny value, applied wherever a config has the attribute.

@@ -1,9 +1,9 @@
 """One tiny model per architecture family (tests/architectures.py): it builds, transformers'
 generate runs on it, and specdec's greedy output equals generate's token for token.
 
-The families that fail today are expected failures, each with the cause the architecture sweep
-(benchmarks/check_architectures.py, docs/architectures.md) found; remove a family from ``XFAIL``
-once its cause is fixed.
+A family specdec cannot decode exactly must be refused before decoding, with an error that names
+the architecture and the reason (the sweep, benchmarks/check_architectures.py and
+docs/architectures.md, covers every architecture).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import functools
 import pytest
 import torch
 
-from specdec import SpeculativeDecoder
+from specdec import ConfigError, SpeculativeDecoder
 from specdec.drafters import ModelDrafter, NGramDrafter
 from specdec.policies import ConstantLookahead, HeuristicLookahead
 
@@ -21,22 +21,9 @@ from .architectures import FAMILIES, VOCAB, ragged_batch, tiny_family_model
 
 NEW_TOKENS = 24
 
-# family -> why specdec's output differs from generate's today (from the sweep of 2026-11-23).
-XFAIL: dict[str, str] = {
-    "sliding": "sliding window counted in cache slots (masking_utils.sliding_window_overlay): rejected drafts and "
-    "catch-up alignment stay in specdec's cache as masked holes that use up the window",
-    "mixed_sliding": "sliding layers: window counted in cache slots, holes from rejected drafts use it up",
-    "chunked": "chunk boundaries counted in cache slots from the left padding (chunked_overlay): holes shift them",
-    "local": "gpt_neo local attention: window counted in cache slots, holes from rejected drafts use it up",
-    "ssm": "MambaForCausalLM takes cache_params=, not past_key_values=: no state carried between forwards, and the "
-    "2-D mask over all cached slots crashes apply_mask_to_padding_states",
-    "ssm2": "Mamba2ForCausalLM takes cache_params=, not past_key_values=: every forward starts from a fresh state",
-    "hybrid_ssm": "bare DynamicCache() has no linear-attention layers (IndexError in Cache.get_conv_state); "
-    "recurrent states cannot skip holes or roll back rejected drafts",
-    "gated_delta": "bare DynamicCache() has no linear-attention layers (IndexError in Cache.get_conv_state); "
-    "recurrent states cannot skip holes or roll back rejected drafts",
-    "short_conv": "bare DynamicCache() has no conv-state layers (IndexError in Cache.get_conv_state); "
-    "conv states cannot skip holes or roll back rejected drafts",
+# family -> why specdec refuses it before decoding (specdec.core.models.REFUSED_ARCHITECTURES).
+REFUSED: dict[str, str] = {
+    "local": "local-attention layers apply their window through a fixed buffer indexed by cache slot",
 }
 
 CASES = {"batch3": None, "batch1": 2}  # the ragged batch, and its longest prompt alone
@@ -78,12 +65,26 @@ def test_family_builds_and_generates(family):
 
 def _exactness_params():
     for family in FAMILIES:
-        marks = [pytest.mark.xfail(strict=False, reason=XFAIL[family])] if family in XFAIL else []
+        if family in REFUSED:
+            continue
         for drafter in ("model", "ngram"):
             for policy in ("constant", "heuristic"):
                 for case in CASES:
-                    yield pytest.param(family, drafter, policy, case, marks=marks,
-                                       id=f"{family}-{drafter}-{policy}-{case}")
+                    yield pytest.param(family, drafter, policy, case, id=f"{family}-{drafter}-{policy}-{case}")
+
+
+@pytest.mark.parametrize("family", list(REFUSED))
+@pytest.mark.parametrize("role", ["target", "draft"])
+def test_family_refused_before_decoding(family, role):
+    """As target or as draft, the model is refused at construction, naming the architecture and the reason."""
+    model = tiny_family_model(family)
+    other = tiny_family_model("full")
+    target, draft = (model, other) if role == "target" else (other, model)
+    with pytest.raises(ConfigError, match=f"\\({FAMILIES[family]}\\) cannot be decoded exactly by specdec: .*"
+                                          f"{REFUSED[family]}"):
+        decoder = SpeculativeDecoder(target=target, drafter=ModelDrafter(draft))
+        ids, mask = _inputs("batch1")
+        decoder.generate(ids, attention_mask=mask, max_new_tokens=2)
 
 
 @pytest.mark.parametrize("family, drafter, policy, case", list(_exactness_params()))

@@ -43,6 +43,9 @@ class SlotCache:
         layers = _self_attention_layers(cache)
         recurrent = any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in layers)
         self.recurrent = RecurrentStates(cache) if recurrent else None
+        # A model without attention layers (Mamba) reads the mask as "which tokens of this block are
+        # real", not "which slots may be attended".
+        self.attends = not recurrent or any(isinstance(layer, DynamicLayer) for layer in layers)
         self.slot_mask = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)
         self.positions = torch.zeros(batch_size, 0, dtype=torch.long, device=device)
         self.n_valid = torch.zeros(batch_size, dtype=torch.long, device=device)
@@ -121,4 +124,7 @@ class SlotCache:
             layer.keys = layer.keys.gather(2, index)
             index = order[:, None, :, None].expand(-1, layer.values.shape[1], -1, layer.values.shape[-1])
             layer.values = layer.values.gather(2, index)
+            indexer_keys = getattr(layer, "indexer_keys", None)  # sparse attention's indexer (DSA)
+            if isinstance(indexer_keys, torch.Tensor) and indexer_keys.dim() == 3 and indexer_keys.shape[1] == length:
+                layer.indexer_keys = indexer_keys.gather(1, order[:, :, None].expand(-1, -1, indexer_keys.shape[-1]))
         self.compactions += 1

@@ -37,6 +37,10 @@ class CachedModel:
         self._round_columns = 0  # slots reserved since the last keep
         self._catch_up_columns = 0  # of which the committed tokens read at the round's start
         self._round_start_host: torch.Tensor | None = None  # [B] lengths of the active rows at the first read
+        self._round_start: torch.Tensor | None = None  # the same, on the device
+        self._speculative_read = 0  # speculative tokens read this round
+        self.positions: torch.Tensor | None = None  # [B, n] buffer positions of the last read's tokens
+        self.valid: torch.Tensor | None = None  # [B, n] which of them are tokens, not holes
 
     @property
     def model(self):
@@ -46,7 +50,7 @@ class CachedModel:
         """A new request: an empty cache for all its rows."""
         self.slots = self.runner.new_cache(state.batch_size)
         self.fed_host = torch.zeros(state.batch_size, dtype=torch.long)
-        self._round_columns = self._catch_up_columns = 0
+        self._round_columns = self._catch_up_columns = self._speculative_read = 0
         self._round_start_host = None
 
     @property
@@ -60,31 +64,58 @@ class CachedModel:
         tokens: torch.Tensor | None = None,  # [B, n] speculative tokens
         valid: torch.Tensor | None = None,  # [B, n] bool; None: all valid
         logits_to_keep: int = 1,
-    ) -> torch.Tensor:  # [B, logits_to_keep, V]
+        embed=None,
+        hidden: bool = False,
+    ):
         """One forward over what this round has not read yet: the unread committed tokens (first read of
-        a round only) and then ``tokens``. ``logits[:, -1]`` is every row's next-token distribution."""
+        a round only) and then ``tokens``. ``logits[:, -1]`` is every row's next-token distribution.
+
+        ``embed(tokens, positions)``, when given, turns the block into the model's input embeddings
+        (a drafter that feeds more than token ids); ``positions`` are each token's buffer position
+        (``self.positions`` keeps those of the last read). With ``hidden`` the model's last hidden
+        states of every column read come back too: ``(logits, hidden [B, n, H])``.
+        """
         device = state.device
         if tokens is None:
             tokens = torch.zeros(state.active, 0, dtype=torch.long, device=device)
         if valid is None:
             valid = torch.ones(tokens.shape, dtype=torch.bool, device=device)
+        speculative = tokens.shape[1]
         if not self.reading:
-            catch_up, catch_up_valid = state.committed_since(self.fed_host[state.rows_host])  # [B, W]
             self._round_start_host = state.lengths_host[state.rows_host].clone()
+            self._round_start = state.lengths[state.rows]
+        positions = self._round_start[:, None] + self._speculative_read + torch.arange(speculative, device=device)
+        self._speculative_read += speculative
+        if self._round_columns == 0:  # the round's first read catches up on the committed tokens
+            catch_up, catch_up_valid, catch_up_positions = state.committed_since(self.fed_host[state.rows_host])  # [B, W]
             self._catch_up_columns = catch_up.shape[1]
-            if self.slots.recurrent is not None and tokens.shape[1]:
+            self.positions = torch.cat([catch_up_positions, positions], dim=1)
+            self.valid = torch.cat([catch_up_valid, valid], dim=1)
+            if self.slots.recurrent is not None and speculative:
                 # Recurrent states read the committed block first, as generate reads the prompt,
                 # then each speculative token with a checkpoint after it.
-                first = self._forward(catch_up, catch_up_valid, max(logits_to_keep - tokens.shape[1], 1))
-                rest = self._forward(tokens, valid, min(logits_to_keep, tokens.shape[1]))
-                return torch.cat([first, rest], dim=1)[:, -logits_to_keep:]
+                first = self._forward(catch_up, catch_up_valid, catch_up_positions,
+                                      max(logits_to_keep - speculative, 1), embed, hidden)
+                rest = self._forward(tokens, valid, positions, min(logits_to_keep, speculative), embed, hidden)
+                return _joined(first, rest, logits_to_keep, hidden)
             tokens = torch.cat([catch_up, tokens], dim=1)
             valid = torch.cat([catch_up_valid, valid], dim=1)
-        return self._forward(tokens, valid, logits_to_keep)
+            positions = self.positions
+        else:
+            self.positions, self.valid = positions, valid
+        return self._forward(tokens, valid, positions, logits_to_keep, embed, hidden)
 
-    def _forward(self, tokens, valid, logits_to_keep):
+    def _forward(self, tokens, valid, positions, logits_to_keep, embed, hidden):
         self._round_columns += tokens.shape[1]
-        return self.runner.forward(self.slots, tokens, valid, logits_to_keep=logits_to_keep)
+        inputs_embeds = None if embed is None else embed(tokens, positions)
+        return self.runner.forward(self.slots, tokens, valid, logits_to_keep=logits_to_keep,
+                                   inputs_embeds=inputs_embeds, hidden=hidden)
+
+    def read_positions(self, state) -> torch.Tensor:
+        """[B, n] the buffer position of each column of the last read whose token is now committed,
+        -1 for holes and rejected tokens (call after the commit)."""
+        committed = self.valid & (self.positions < state.lengths[state.rows][:, None] - 1)
+        return torch.where(committed, self.positions, -1)
 
     def keep(self, state, rows_host: torch.Tensor, kept: torch.Tensor, kept_host: torch.Tensor) -> None:
         """End the round: row b's first ``kept[b]`` speculative tokens read this round are committed
@@ -96,8 +127,8 @@ class CachedModel:
             return  # nothing was read this iteration
         self.slots.drop_tail(self._round_columns, keep_columns=self._catch_up_columns + kept)
         self.fed_host[rows_host] = self._round_start_host + kept_host
-        self._round_columns = self._catch_up_columns = 0
-        self._round_start_host = None
+        self._round_columns = self._catch_up_columns = self._speculative_read = 0
+        self._round_start_host = self._round_start = None
         self.slots.maybe_compact(self._widest(state, rows_host))
 
     def select_rows(self, state, keep: torch.Tensor) -> None:
@@ -108,3 +139,10 @@ class CachedModel:
     def _widest(self, state, rows_host: torch.Tensor) -> int:
         """The most valid slots any of ``rows_host`` holds: committed tokens read, less prompt padding."""
         return int((self.fed_host - state.padding_host)[rows_host].max())
+
+
+def _joined(first, rest, logits_to_keep: int, hidden: bool):
+    """Two reads of one round as one: logits (and hidden states) side by side."""
+    if not hidden:
+        return torch.cat([first, rest], dim=1)[:, -logits_to_keep:]
+    return torch.cat([first[0], rest[0]], dim=1)[:, -logits_to_keep:], torch.cat([first[1], rest[1]], dim=1)

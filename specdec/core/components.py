@@ -77,9 +77,15 @@ class Component:
 
 class Drafter(Component):
     """Subclass this and override ``propose`` (and ``check_target`` / ``begin`` / ``on_step`` /
-    ``select_rows`` when the drafter keeps state such as a KV cache)."""
+    ``select_rows`` when the drafter keeps state such as a KV cache).
+
+    A drafter that sets ``wants_hidden_states = True`` receives the target's last hidden states of
+    the positions it just verified in ``on_step`` (``step.hidden_states``, ``step.hidden_positions``);
+    the target computes them in the same forward, and drafters that do not ask cost nothing.
+    """
 
     kind = "drafter"
+    wants_hidden_states: ClassVar[bool] = False
 
     def check_target(self, target) -> None:
         """Raise ``IncompatibleModelsError`` if this drafter cannot draft for ``target``."""

@@ -11,6 +11,9 @@ models keep the 2D slot mask, which is what transformers expects and what the te
 
 from __future__ import annotations
 
+import inspect
+import sys
+
 import attrs
 import torch
 
@@ -18,6 +21,11 @@ from ..errors import ConfigError
 
 FULL, SLIDING, CHUNKED = "full_attention", "sliding_attention", "chunked_attention"
 _ATTENTION_KINDS = (FULL, SLIDING, CHUNKED)
+# Layer types whose attention part is one of the kinds above (Inkling's hybrid layers).
+_ALIASES = {"hybrid": FULL, "hybrid_sliding": SLIDING}
+# What a modeling module calls when its layers really attend through a window or in chunks; a
+# config may carry a sliding_window that its eager and sdpa attention never apply (Moshi).
+_BUILDERS = {SLIDING: "create_sliding_window_causal_mask", CHUNKED: "create_chunked_causal_mask"}
 _MASK_FORMATS = ("sdpa", "eager")  # implementations that take a prepared 4D mask as it is
 
 
@@ -27,6 +35,7 @@ class AttentionLayout:
     chunk size, in positions."""
 
     kinds: tuple[str, ...]  # the distinct attention kinds among the layers
+    others: tuple[str, ...] = ()  # layer types that are not attention (conv, linear_attention, mamba ...)
     sliding_window: int | None = None
     chunk_size: int | None = None
     implementation: str = "sdpa"
@@ -35,19 +44,31 @@ class AttentionLayout:
     def of(cls, model) -> AttentionLayout:
         config = model.config.get_text_config(decoder=True)
         window = getattr(config, "sliding_window", None)
+        if not isinstance(window, int):
+            window = getattr(config, "sliding_window_size", None)
         if getattr(config, "use_sliding_window", True) is False:
             window = None
         chunk = getattr(config, "attention_chunk_size", None)
         layer_types = getattr(config, "layer_types", None)
+        others = ()
         if layer_types:
-            kinds = tuple(kind for kind in _ATTENTION_KINDS if kind in layer_types)
+            kinds = tuple(kind for kind in _ATTENTION_KINDS
+                          if any(_ALIASES.get(layer, layer) == kind for layer in layer_types))
+            others = set(layer_types) - set(_ATTENTION_KINDS)
+            if others & set(_ALIASES):  # hybrid layers also read a recurrent mask by this name
+                others.add("linear_attention")
+            others = tuple(sorted(others))
         elif isinstance(window, int):
             kinds = (SLIDING,)  # one window for every layer (Mistral, Phi-3, Starcoder2, ...)
         else:
             kinds = (FULL,)
+        source = _modeling_source(model)
+        if source is not None:  # keep only the kinds the model's own code builds masks for
+            kinds = tuple(kind if kind not in _BUILDERS or _BUILDERS[kind] in source else FULL for kind in kinds)
+            kinds = tuple(dict.fromkeys(kinds))
         implementation = getattr(config, "_attn_implementation", None) or "sdpa"
-        return cls(kinds, window if isinstance(window, int) else None, chunk if isinstance(chunk, int) else None,
-                   implementation)
+        return cls(kinds, others, window if isinstance(window, int) else None,
+                   chunk if isinstance(chunk, int) else None, implementation)
 
     @property
     def counts_positions(self) -> bool:
@@ -92,4 +113,16 @@ class AttentionLayout:
             if self.implementation == "eager":
                 seen = torch.zeros(seen.shape, dtype=dtype, device=seen.device).masked_fill_(~seen, torch.finfo(dtype).min)
             masks[kind] = seen
+        # Recurrent and conv layers read the 2D mask of the block itself (transformers'
+        # create_recurrent_attention_mask): which of its tokens are real; none for one token.
+        for kind in self.others:
+            masks[kind] = slot_mask[:, -n:].long() if n > 1 else None
         return masks[self.kinds[0]] if len(masks) == 1 else masks
+
+
+def _modeling_source(model) -> str | None:
+    """The source of the module that defines the model's classes, or None when it cannot be read."""
+    try:
+        return inspect.getsource(sys.modules[type(model).__module__])
+    except (OSError, TypeError, KeyError):
+        return None

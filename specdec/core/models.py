@@ -19,7 +19,44 @@ from transformers.utils import ModelOutput
 from ..errors import ConfigError, InputError
 from .cache import SlotCache
 from .masks import AttentionLayout
-from .recurrent import recurrent_cache
+from .recurrent import config_cache
+
+
+_POSITIONS_FROM_CACHE = (
+    "it derives its position ids from the cache length (past_key_values_length) instead of taking "
+    "position_ids, so the holes that rejected drafts leave in the cache would shift every later position"
+)
+_NOT_ISOLATED = (
+    "its output differs from generate after rejected drafts (benchmarks/check_architectures.py) and the "
+    "cause is not isolated yet"
+)
+# Architectures that cannot be decoded exactly, and why (docs/architectures.md has the sweep).
+REFUSED_ARCHITECTURES = {
+    "gpt_neo": "its local-attention layers apply their window through a fixed buffer indexed by cache slot "
+               "(GPTNeoSelfAttention.bias), which the holes of rejected drafts shift",
+    "git": _POSITIONS_FROM_CACHE,
+    "cpmant": _POSITIONS_FROM_CACHE,
+    "roformer": _POSITIONS_FROM_CACHE,
+    "trocr": _POSITIONS_FROM_CACHE,
+    "openai-gpt": "it has no KV cache, so there is no cache to keep the accepted prefix in",
+    "xlm": "it keeps its keys and values in a cache dict of its own, not a transformers Cache",
+    "rwkv": "it keeps its recurrent state in a state tuple outside transformers' cache classes, which "
+            "specdec cannot checkpoint and rewind",
+    "recurrent_gemma": "it keeps its recurrent and attention states inside its layers, not in a transformers "
+                       "Cache that specdec can checkpoint and rewind",
+    "minimax": "its lightning-attention state lives in a cache class of its own that refuses DynamicCache",
+    "deepseek_v4": "its compressed-attention cache layers keep per-slot compression state that cannot hold holes",
+    "moshi": _NOT_ISOLATED,
+    "inkling_text": _NOT_ISOLATED,
+}
+
+
+def check_architecture(model: PreTrainedModel) -> None:
+    """Refuse, before decoding, a model specdec cannot decode exactly, naming it and the reason."""
+    model_type = model.config.get_text_config(decoder=True).model_type
+    reason = REFUSED_ARCHITECTURES.get(model_type) or REFUSED_ARCHITECTURES.get(model.config.model_type)
+    if reason:
+        raise ConfigError(f"{type(model).__name__} ({model_type}) cannot be decoded exactly by specdec: {reason}")
 
 
 def _accepts(model: PreTrainedModel, argument: str) -> bool:
@@ -88,6 +125,7 @@ class CausalLMRunner:
     """
 
     def __init__(self, model: PreTrainedModel):
+        check_architecture(model)
         self.model = model
         self._logits_to_keep = _accepts(model, "logits_to_keep")
         # WhisperForCausalLM takes encoder_outputs; BERT/GPT-2-style LMs take encoder_hidden_states,
@@ -116,7 +154,7 @@ class CausalLMRunner:
     def new_cache(self, batch_size: int) -> SlotCache:
         if self.encoder_outputs is not None:
             return SlotCache(EncoderDecoderCache(DynamicCache(), DynamicCache()), batch_size, self.device)
-        return SlotCache(recurrent_cache(self.model) or DynamicCache(), batch_size, self.device)
+        return SlotCache(config_cache(self.model) or DynamicCache(), batch_size, self.device)
 
     def begin(self, encoder_outputs=None, **model_inputs) -> ModelOutput | None:
         """Per-request inputs other than tokens. A decoder-only LM reads none of the encoder's
@@ -140,45 +178,53 @@ class CausalLMRunner:
         input_ids: torch.Tensor,  # [B, n]
         valid: torch.Tensor,  # [B, n] bool
         logits_to_keep: int,
-    ) -> torch.Tensor:  # [B, logits_to_keep, V]
+        inputs_embeds: torch.Tensor | None = None,  # [B, n, D]: fed instead of the tokens' embeddings
+        hidden: bool = False,
+    ):  # logits [B, logits_to_keep, V], or (logits, last hidden states [B, n, H]) with ``hidden``
         states = slots.recurrent
         if states is None:
-            return self._forward(slots, input_ids, valid, logits_to_keep)
+            return self._forward(slots, input_ids, valid, logits_to_keep, inputs_embeds, hidden)
         if not states.checkpoints:
             states.begin_round()
         if not states.started:  # the prompt, read at once as generate reads it
-            logits = self._forward(slots, input_ids, valid, logits_to_keep)
+            out = self._forward(slots, input_ids, valid, logits_to_keep, inputs_embeds, hidden)
             states.record(input_ids.shape[1])
-            return logits
+            return out
         # Recurrent layers continue from a state one token at a time: one forward per column, a hole
         # leaves its row's state as it was, and a checkpoint after every column for the rewind.
-        logits = []
-        for column in range(input_ids.shape[1]):
+        outs = []
+        for c in range(input_ids.shape[1]):
             before = states.checkpoints[-1]
-            logits.append(self._forward(slots, input_ids[:, column : column + 1], valid[:, column : column + 1], 1))
-            states.keep_rows(before, valid[:, column])
+            embeds = None if inputs_embeds is None else inputs_embeds[:, c : c + 1]
+            outs.append(self._forward(slots, input_ids[:, c : c + 1], valid[:, c : c + 1], 1, embeds, hidden))
+            states.keep_rows(before, valid[:, c])
             states.record(1)
-        return torch.cat(logits, dim=1)[:, -logits_to_keep:]
+        if not hidden:
+            return torch.cat(outs, dim=1)[:, -logits_to_keep:]
+        return torch.cat([o[0] for o in outs], dim=1)[:, -logits_to_keep:], torch.cat([o[1] for o in outs], dim=1)
 
-    def _forward(self, slots: SlotCache, input_ids, valid, logits_to_keep: int) -> torch.Tensor:
+    def _forward(self, slots: SlotCache, input_ids, valid, logits_to_keep: int, inputs_embeds=None, hidden=False):
         attention_mask, position_ids = slots.extend(valid)
         if self.layout.counts_positions:
             attention_mask = self.layout.masks(slots.slot_mask, slots.positions, position_ids, self.model.dtype)
+        elif not slots.attends:
+            attention_mask = valid.long()
         kwargs = {}
         if self._logits_to_keep:
             kwargs["logits_to_keep"] = logits_to_keep
         if self.encoder_outputs is not None:
-            hidden = self.encoder_outputs.last_hidden_state  # [B, S, D]
-            kwargs[self._encoder_argument] = self.encoder_outputs if self._encoder_argument == "encoder_outputs" else hidden
+            encoded = self.encoder_outputs.last_hidden_state  # [B, S, D]
+            kwargs[self._encoder_argument] = self.encoder_outputs if self._encoder_argument == "encoder_outputs" else encoded
         kwargs[self._cache_argument] = slots.cache
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            use_cache=True,
-            **kwargs,
-        )
-        return out.logits[:, -logits_to_keep:]
+        if inputs_embeds is None:
+            kwargs["input_ids"] = input_ids
+        else:
+            kwargs["inputs_embeds"] = inputs_embeds
+        if hidden:
+            kwargs["output_hidden_states"] = True
+        out = self.model(attention_mask=attention_mask, position_ids=position_ids, use_cache=True, **kwargs)
+        logits = out.logits[:, -logits_to_keep:]
+        return (logits, out.hidden_states[-1][:, -input_ids.shape[1]:]) if hidden else logits
 
 
 class Seq2SeqRunner:
@@ -251,18 +297,23 @@ class Seq2SeqRunner:
         input_ids: torch.Tensor,  # [B, n] decoder tokens
         valid: torch.Tensor,  # [B, n] bool
         logits_to_keep: int,
-    ) -> torch.Tensor:  # [B, logits_to_keep, V]
+        inputs_embeds: torch.Tensor | None = None,  # [B, n, D] decoder input embeddings
+        hidden: bool = False,
+    ):  # logits [B, logits_to_keep, V], or (logits, last decoder hidden states [B, n, H]) with ``hidden``
         attention_mask, position_ids = slots.extend(valid)  # [B, L + n], [B, n]
+        tokens = {"decoder_input_ids": input_ids} if inputs_embeds is None else {"decoder_inputs_embeds": inputs_embeds}
         out = self.model(
             encoder_outputs=self.encoder_outputs,
             attention_mask=self._encoder_mask,
-            decoder_input_ids=input_ids,
             decoder_attention_mask=attention_mask,
             decoder_position_ids=position_ids,
             past_key_values=slots.cache,
             use_cache=True,
+            output_hidden_states=hidden,
+            **tokens,
         )
-        return out.logits[:, -logits_to_keep:]
+        logits = out.logits[:, -logits_to_keep:]
+        return (logits, out.decoder_hidden_states[-1][:, -input_ids.shape[1]:]) if hidden else logits
 
 
 def load_pretrained(auto_class, model: str | Path, *, dtype: torch.dtype | str | None, who: str):

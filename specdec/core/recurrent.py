@@ -27,16 +27,17 @@ from transformers.cache_utils import (
 Snapshot = list[torch.Tensor | None]
 
 
-def recurrent_cache(model) -> Cache | None:
-    """A cache for a model with recurrent layers (transformers' own layout for its config), with every
-    attention layer keeping all its slots: windows are applied by the mask, in positions (a sliding
-    layer that keeps its last W slots would drop tokens still inside the window). None for models
-    without recurrent layers."""
+def config_cache(model) -> Cache | None:
+    """transformers' own cache layout for a model whose layers need more than keys and values
+    (recurrent or conv states, sparse-attention indexer keys), with every attention layer keeping
+    all its slots: windows are applied by the mask, in positions (a sliding layer that keeps its
+    last W slots would drop tokens still inside the window). None for plain attention models, which
+    get a lazily built ``DynamicCache()``."""
     try:
         cache = DynamicCache(config=model.config)
     except Exception:  # a config transformers cannot lay a cache out for: the model has its own
         return None
-    if not any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in cache.layers):
+    if all(type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) for layer in cache.layers):
         return None
     for i, layer in enumerate(cache.layers):
         if isinstance(layer, LinearAttentionAndSlidingWindowAttentionLayer):

@@ -142,9 +142,10 @@ class DecodeState:
 
         ``fed_host[b]`` (CPU) is how many buffer positions of active row b the model's cache
         already covers (prompt padding included).
-        Returns ``(input_ids [B, W], valid [B, W])`` with each row's unread tokens at the right end,
-        so ``logits[:, -1]`` is every row's next-token distribution; columns to their left, and
-        prompt padding, are holes. W is the largest backlog, known on the host without a sync.
+        Returns ``(input_ids [B, W], valid [B, W], positions [B, W])`` with each row's unread tokens
+        at the right end, so ``logits[:, -1]`` is every row's next-token distribution; columns to
+        their left, and prompt padding, are holes. ``positions`` are the tokens' buffer positions.
+        W is the largest backlog, known on the host without a sync.
         """
         lengths_host = self.lengths_host[self.rows_host]
         width = int((lengths_host - fed_host).max())
@@ -155,7 +156,7 @@ class DecodeState:
         index = index.clamp(min=0)
         input_ids = self.sequences[self.rows].gather(1, index)
         valid = inside & self.token_mask[self.rows].gather(1, index)
-        return input_ids, valid
+        return input_ids, valid, index
 
     def process(self, scores: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
         """Apply the generation config's logits processors to a block of next-token scores.

@@ -85,6 +85,12 @@ class Step:
     finished_host: torch.Tensor  # [B] bool
     appended_tokens: torch.Tensor  # [B, K + 1] long; row b's first appended_host[b] are real
     target_probs_host: torch.Tensor | None = None  # [B] float32: verdict.target_probs, None if unset
+    # For a drafter with ``wants_hidden_states``: the target's last hidden state at every position it
+    # read this iteration ([B, M, H], device) and that position in the row's buffer ([B, M] long),
+    # -1 where the column was a hole or a rejected draft. Every committed token the target has read
+    # appears exactly once over the iterations.
+    hidden_states: torch.Tensor | None = None
+    hidden_positions: torch.Tensor | None = None
 
 
 @attrs.define

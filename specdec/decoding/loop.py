@@ -189,7 +189,9 @@ class SpeculativeDecoder:
             draft = Draft.empty(state.active, state.device)
 
         # 3. verify: ONE target forward over [unread committed tokens, d1 .. dK] for every row.
-        logits = target.read(state, draft.tokens, draft.in_draft(), logits_to_keep=draft.width + 1)  # [B, K + 1, V]
+        logits = target.read(state, draft.tokens, draft.in_draft(), logits_to_keep=draft.width + 1,
+                             hidden=self.drafter.wants_hidden_states)  # [B, K + 1, V] (, [B, W + K, H])
+        logits, hidden = logits if isinstance(logits, tuple) else (logits, None)
         state.target_calls += 1
         scores = state.process(logits.float(), draft.tokens)  # fp32, as model.generate's scores
         verdict = hooks.specdec_verify(state=state, draft=draft, scores=scores)
@@ -200,6 +202,7 @@ class SpeculativeDecoder:
         appended.scatter_(1, verdict.accepted[:, None], verdict.next_token[:, None])
         target_probs = None if verdict.target_probs is None else verdict.target_probs.to("cpu", non_blocking=True)
         committed = state.commit(appended, verdict.accepted, draft.lengths)
+        hidden_positions = None if hidden is None else target.read_positions(state)
         target.keep(state, rows_host, verdict.accepted, committed.accepted)
 
         # 5. observe
@@ -207,6 +210,7 @@ class SpeculativeDecoder:
             iteration=state.iteration, rows_host=rows_host, draft=draft, verdict=verdict,
             drafted_host=committed.drafted, accepted_host=committed.accepted, appended_host=committed.appended,
             finished_host=committed.finished, appended_tokens=appended, target_probs_host=target_probs,
+            hidden_states=hidden, hidden_positions=hidden_positions,
         ))
         state.iteration += 1
 

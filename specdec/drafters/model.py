@@ -20,7 +20,7 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from ..core.cached_model import CachedModel
-from ..core.models import Seq2SeqRunner, load_pretrained, load_seq2seq, runner_for, vocab_size
+from ..core.models import Seq2SeqRunner, check_architecture, load_pretrained, load_seq2seq, runner_for, vocab_size
 from ..core.sampling import sample
 from ..core.types import Draft
 from ..errors import ConfigError, IncompatibleModelsError
@@ -56,6 +56,7 @@ class ModelDrafter(Drafter):
             else:
                 self.model = load_pretrained(AutoModelForCausalLM, self.model, dtype=target.dtype, who=who)
         self._check_vocabulary(target)
+        check_architecture(self.model)
         if self.model.config.is_encoder_decoder != target.config.is_encoder_decoder:
             raise IncompatibleModelsError(
                 f"{who}: the draft and the target must both be decoder-only or both encoder-decoder "

@@ -21,6 +21,7 @@ ENTRY_POINT_GROUP = "specdec"
 
 DEFAULT_PLUGINS = (
     "specdec.drafters.model",
+    "specdec.drafters.hidden_state",
     "specdec.drafters.ngram",
     "specdec.drafters.shared_encoder",
     "specdec.policies.constant",

@@ -1,0 +1,195 @@
+"""Fitting a hidden-state head (drafters/hidden_state.py) to a target from text.
+
+Teacher forcing only: the target reads the corpus in plain forwards (prefill speed, no generation)
+and gives its last hidden state h_p at every position. The head reads ``[embedding of token p,
+h_(p-1)]`` and is trained to predict h_p: a smooth L1 loss on the hidden state, plus the
+KL divergence of the head's reduced-vocabulary distribution against the target's own (both read out
+through the target's LM head rows of the token map). The token map is the ``vocab`` tokens the
+target itself predicts most often on the corpus (plus its eos tokens).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+import attrs
+import torch
+
+from ..core.types import token_id_list
+from ..drafters.hidden_state import HiddenStateHead, head_config, target_parts
+from ..errors import InputError
+
+
+@attrs.frozen
+class HeadTrainingReport:
+    """What ``train_hidden_state_head`` fitted and how well the head predicts held-out tokens."""
+
+    head: HiddenStateHead
+    tokens: int  # training positions per epoch
+    steps: int
+    losses: list[float]  # per step
+    heldout_top1: float  # share of held-out positions where the head's token is the target's greedy token
+    map_coverage: float  # share of the target's greedy tokens on the corpus that the token map holds
+    seconds: float
+    path: Path | None = None
+
+    def summary(self) -> str:
+        where = f", saved to {self.path}" if self.path else ""
+        return (f"{self.steps} steps over {self.tokens} positions in {self.seconds:.0f}s: loss "
+                f"{self.losses[0]:.3f} -> {self.losses[-1]:.3f}, held-out top-1 {self.heldout_top1:.1%}, "
+                f"token map covers {self.map_coverage:.1%} of the target's tokens{where}")
+
+
+def token_rows(texts: Sequence[str] | Sequence[Sequence[int]], tokenizer, length: int) -> torch.Tensor:
+    """The corpus as rows of ``length`` token ids ([N, length]); texts are joined with eos between them."""
+    ids: list[int] = []
+    for i, text in enumerate(texts):
+        if isinstance(text, str):
+            if tokenizer is None:
+                raise InputError(f"text {i} is a string; pass a tokenizer (or token ids)")
+            ids += tokenizer(text, add_special_tokens=False)["input_ids"]
+            if tokenizer.eos_token_id is not None:
+                ids.append(tokenizer.eos_token_id)
+        else:
+            ids += [int(token) for token in text]
+    rows = len(ids) // length
+    if rows < 2:
+        raise InputError(f"the corpus holds {len(ids)} tokens: fewer than two rows of {length}; give more text")
+    return torch.tensor(ids[: rows * length]).view(rows, length)
+
+
+@torch.no_grad()
+def target_features(target, rows: torch.Tensor, batch_size: int, on_progress=None) -> torch.Tensor:
+    """The target's last hidden state at every position of ``rows`` ([N, T, H], in the target's dtype)."""
+    features = []
+    for start in range(0, rows.shape[0], batch_size):
+        batch = rows[start : start + batch_size].to(target.device)
+        out = target(input_ids=batch, output_hidden_states=True, use_cache=False)
+        features.append(out.hidden_states[-1].cpu())
+        if on_progress is not None:
+            on_progress("features", min(start + batch_size, rows.shape[0]), rows.shape[0])
+    return torch.cat(features)
+
+
+@torch.no_grad()
+def frequent_tokens(features: torch.Tensor, lm_head_weight: torch.Tensor, vocab: int, always: list[int],
+                    chunk: int = 2048) -> tuple[torch.Tensor, float]:
+    """The ``vocab`` tokens the target predicts most often (its greedy tokens over ``features``),
+    with ``always`` added; and the share of greedy tokens they cover."""
+    counts = torch.zeros(lm_head_weight.shape[0], dtype=torch.long)
+    flat = features.reshape(-1, features.shape[-1])
+    weight = lm_head_weight.detach().cpu().to(flat.dtype)
+    for start in range(0, flat.shape[0], chunk):
+        counts += torch.bincount((flat[start : start + chunk] @ weight.T).argmax(-1), minlength=counts.shape[0])
+    vocab = min(vocab, counts.shape[0])
+    chosen = counts.argsort(descending=True)[:vocab]
+    extra = [token for token in always if token not in set(chosen.tolist())]
+    if extra:
+        chosen = torch.cat([chosen[: vocab - len(extra)], torch.tensor(extra)])
+    coverage = float(counts[chosen].sum()) / max(int(counts.sum()), 1)
+    return chosen.sort().values, coverage
+
+
+def train_hidden_state_head(
+    target,
+    texts: Sequence[str] | Sequence[Sequence[int]],
+    out: str | Path | None = None,
+    *,
+    tokenizer=None,
+    vocab: int = 8192,
+    length: int = 128,
+    epochs: int = 1,
+    batch_size: int = 8,
+    lr: float = 1e-3,
+    hidden_weight: float = 1.0,
+    noise: float = 0.05,
+    holdout: float = 0.1,
+    seed: int = 0,
+    on_progress: Callable[[str, int, int], None] | None = None,
+) -> HeadTrainingReport:
+    """Fit a ``HiddenStateHead`` to ``target`` on ``texts`` (see the module doc); save it to ``out``.
+
+    ``noise`` (relative to the hidden states' spread) is added to the input hidden states while
+    training, as EAGLE does, because when drafting the head reads its own predictions.
+    ``on_progress(phase, done, total)`` is called as features are computed and steps are taken.
+    """
+    if not 0.0 <= holdout < 1.0 or vocab < 2 or length < 4 or batch_size < 1 or epochs < 1:
+        raise InputError("holdout must be in [0, 1), vocab >= 2, length >= 4, batch_size and epochs >= 1")
+    started = time.perf_counter()
+    torch.manual_seed(seed)
+    embedding, weight, _ = target_parts(target, "train_hidden_state_head")
+    rows = token_rows(texts, tokenizer, length)
+    order = torch.randperm(rows.shape[0], generator=torch.Generator().manual_seed(seed))
+    heldout = max(1, int(round(rows.shape[0] * holdout))) if holdout else 0
+    test_rows, train_rows = rows[order[:heldout]], rows[order[heldout:]]
+    target.eval()
+    features = target_features(target, train_rows, batch_size, on_progress)  # [N, T, H]
+    eos = token_id_list(target.generation_config.eos_token_id)
+    token_map, coverage = frequent_tokens(features, weight, vocab, eos)
+
+    head = HiddenStateHead(head_config(target.config), token_map).to(device=target.device, dtype=torch.float32)
+    head.attach(weight.float())
+    head.train()
+    optimizer = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=lr)
+    spread = float(features.float().std())
+    steps_per_epoch = math.ceil(train_rows.shape[0] / batch_size)
+    total = steps_per_epoch * epochs
+    losses: list[float] = []
+    for step in range(total):
+        pick = torch.randint(0, train_rows.shape[0], (min(batch_size, train_rows.shape[0]),))
+        loss = _loss(head, embedding, train_rows[pick], features[pick], hidden_weight, noise * spread)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.detach()))
+        if on_progress is not None:
+            on_progress("train", step + 1, total)
+    head.eval()
+    top1 = _heldout_top1(head, target, embedding, test_rows, batch_size) if heldout else float("nan")
+    head = head.to(dtype=target.dtype)
+    head.attach(weight)
+    path = None
+    if out is not None:
+        path = head.save(out, metadata={"heldout_top1": f"{top1:.4f}", "map_coverage": f"{coverage:.4f}",
+                                        "target": str(getattr(target.config, "_name_or_path", "") or "")})
+    return HeadTrainingReport(head=head, tokens=train_rows.numel(), steps=total, losses=losses,
+                              heldout_top1=top1, map_coverage=coverage, seconds=time.perf_counter() - started,
+                              path=path)
+
+
+def _loss(head, embedding, tokens, features, hidden_weight: float, noise: float) -> torch.Tensor:
+    device = head.device
+    tokens, features = tokens.to(device), features.to(device=device, dtype=torch.float32)
+    before = features[:, :-1]  # h_(p-1)
+    if noise:
+        before = before + noise * torch.randn_like(before)
+    with torch.no_grad():
+        inputs = torch.cat([embedding(tokens[:, 1:]).float(), before], dim=-1)  # token p with h_(p-1)
+        wanted = torch.softmax(head.readout(features[:, 1:]), dim=-1)  # the target's distribution on the map
+    positions = torch.arange(inputs.shape[1], device=device)[None, :].expand(inputs.shape[0], -1)
+    predicted = head(inputs_embeds=inputs, position_ids=positions, use_cache=False).hidden_states[-1]
+    hidden_loss = torch.nn.functional.smooth_l1_loss(predicted, features[:, 1:])
+    # KL rather than cross-entropy: the same gradients, and a loss that goes to 0 when the head
+    # matches the target (cross-entropy stops at the entropy of the target's distribution).
+    token_loss = (wanted * (torch.log(wanted.clamp(min=1e-12)) - torch.log_softmax(head.readout(predicted), dim=-1))).sum(-1).mean()
+    return hidden_weight * hidden_loss + token_loss
+
+
+@torch.no_grad()
+def _heldout_top1(head, target, embedding, rows, batch_size) -> float:
+    """Share of held-out positions where the head's greedy token equals the target's greedy token."""
+    right = seen = 0
+    for start in range(0, rows.shape[0], batch_size):
+        batch = rows[start : start + batch_size]
+        features = target_features(target, batch, batch_size).to(head.device, torch.float32)
+        inputs = torch.cat([embedding(batch[:, 1:].to(head.device)).float(), features[:, :-1]], dim=-1)
+        positions = torch.arange(inputs.shape[1], device=head.device)[None, :].expand(inputs.shape[0], -1)
+        predicted = head(inputs_embeds=inputs, position_ids=positions, use_cache=False).hidden_states[-1]
+        guess = head.token_map[head.readout(predicted).argmax(-1)]
+        truth = (features[:, 1:] @ target.get_output_embeddings().weight.float().T).argmax(-1)
+        right += int((guess == truth).sum())
+        seen += truth.numel()
+    return right / max(seen, 1)

@@ -1,0 +1,127 @@
+"""The ``hidden_state`` drafter (an EAGLE-style head on the target's hidden states): exact on several
+architectures, trainable, saved and loaded, and refused clearly where it cannot work."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from specdec import ConfigError, IncompatibleModelsError, InputError, SpeculativeDecoder
+from specdec.drafters import HiddenStateDrafter, HiddenStateHead
+from specdec.drafters.hidden_state import head_config
+from specdec.policies import ConstantLookahead, HeuristicLookahead
+from specdec.training.hidden_state import train_hidden_state_head
+from specdec.verifiers import RejectionVerifier
+
+from .architectures import tiny_family_model
+from .conftest import greedy_reference, left_padded_prompts, tiny_model
+
+
+@functools.cache
+def trained_head(arch: str) -> HiddenStateHead:
+    """A head fitted for a few steps to the target's own greedy continuations (so drafts get accepted)."""
+    target = target_for(arch)
+    ids, mask = left_padded_prompts([6] * 8, seed=3, vocab=target.config.vocab_size)
+    texts = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=40).tolist()
+    report = train_hidden_state_head(target, texts, vocab=24, length=16, epochs=6, batch_size=4, lr=3e-3, seed=0)
+    return report.head
+
+
+def target_for(arch: str):
+    return tiny_family_model(arch) if arch in ("sliding", "ssm2") else tiny_model(arch)
+
+
+class TestExactness:
+    @pytest.mark.parametrize("arch", ["llama", "gpt2", "sliding"])
+    @pytest.mark.parametrize("policy", ["constant", "heuristic"])
+    def test_matches_target_generate_on_a_ragged_batch(self, arch, policy):
+        target = target_for(arch)
+        vocab = target.config.vocab_size
+        ids, mask = left_padded_prompts([9, 3, 14, 6], vocab=vocab)
+        expected = greedy_reference(target, ids, mask, 20)
+        decoder = SpeculativeDecoder(target=target, drafter=HiddenStateDrafter(trained_head(arch)),
+                                     policy=ConstantLookahead(k=3) if policy == "constant" else HeuristicLookahead())
+        out = decoder.generate(ids, attention_mask=mask, max_new_tokens=20)
+        assert torch.equal(out.sequences, expected)
+        assert out.stats.drafted > 0  # it drafted after the first (plain) step
+
+    def test_the_trained_head_gets_drafts_accepted(self):
+        target = target_for("llama")
+        ids, mask = left_padded_prompts([6, 6], seed=3, vocab=target.config.vocab_size)
+        out = SpeculativeDecoder(target=target, drafter=HiddenStateDrafter(trained_head("llama"))).generate(
+            ids, attention_mask=mask, max_new_tokens=30)
+        assert out.stats.accepted > 0
+
+    def test_sampling_drafts_only_tokens_of_the_map(self):
+        target = target_for("llama")
+        head = trained_head("llama")
+        ids, mask = left_padded_prompts([5, 8], vocab=target.config.vocab_size)
+        seen = []
+
+        class Spy(HiddenStateDrafter):
+            def propose(self, state, max_tokens, keep_drafting):
+                draft = super().propose(state, max_tokens, keep_drafting)
+                if draft.probs is not None:
+                    outside = torch.ones(draft.probs.shape[-1], dtype=torch.bool)
+                    outside[head.token_map] = False
+                    seen.append(float(draft.probs[..., outside].sum()))
+                return draft
+
+        out = SpeculativeDecoder(target=target, drafter=Spy(head), verifier=RejectionVerifier()).generate(
+            ids, attention_mask=mask, max_new_tokens=16, do_sample=True, generator=torch.Generator().manual_seed(0))
+        assert out.sequences.shape == (2, ids.shape[1] + 16)
+        assert seen and max(seen) == 0.0
+
+
+class TestTraining:
+    def test_loss_goes_down(self):
+        target = tiny_model("llama")
+        ids, mask = left_padded_prompts([6] * 8, seed=5)
+        texts = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=40).tolist()
+        report = train_hidden_state_head(target, texts, vocab=20, length=16, epochs=30, batch_size=4, lr=1e-2)
+        first, last = sum(report.losses[:3]) / 3, sum(report.losses[-3:]) / 3
+        assert last < 0.8 * first
+        assert report.head.token_map.numel() == 20 and 0 < report.map_coverage <= 1
+
+    def test_too_little_text_is_refused(self):
+        with pytest.raises(InputError, match="fewer than two rows"):
+            train_hidden_state_head(tiny_model("llama"), [[3, 4, 5]], length=16)
+
+
+class TestFiles:
+    def test_saved_and_loaded_by_path_through_the_plugin(self, tmp_path):
+        target = tiny_model("llama")
+        path = trained_head("llama").save(tmp_path / "head.safetensors")
+        ids, mask = left_padded_prompts([7, 4])
+        decoder = SpeculativeDecoder(target=target, drafter=HiddenStateDrafter(str(path)))
+        assert torch.equal(decoder.generate(ids, attention_mask=mask, max_new_tokens=12).sequences,
+                           greedy_reference(target, ids, mask, 12))
+
+    def test_a_head_for_another_target_is_refused(self, tmp_path):
+        path = trained_head("llama").save(tmp_path / "head.safetensors")
+        with pytest.raises(IncompatibleModelsError, match="trained for a llama target"):
+            SpeculativeDecoder(target=tiny_model("gpt2"), drafter=HiddenStateDrafter(str(path)))
+
+    def test_a_token_map_outside_the_vocabulary_is_refused(self, tmp_path):
+        target = tiny_model("llama")
+        head = HiddenStateHead(head_config(target.config), torch.tensor([1, 2, 500]))
+        path = head.save(tmp_path / "bad.safetensors")
+        with pytest.raises(IncompatibleModelsError, match="outside the target's vocabulary"):
+            SpeculativeDecoder(target=target, drafter=HiddenStateDrafter(str(path)))
+
+    def test_missing_file_and_other_formats_are_config_errors(self, tmp_path):
+        with pytest.raises(ConfigError, match="does not exist"):
+            SpeculativeDecoder(target=tiny_model("llama"), drafter=HiddenStateDrafter(str(tmp_path / "none")))
+        other = tmp_path / "other.safetensors"
+        other.write_bytes(b"not safetensors at all")
+        with pytest.raises(ConfigError, match="not a safetensors file"):
+            SpeculativeDecoder(target=tiny_model("llama"), drafter=HiddenStateDrafter(str(other)))
+
+    def test_an_encoder_decoder_target_is_refused(self):
+        from .tiny_whisper import tiny_whisper
+
+        target = tiny_whisper()
+        with pytest.raises(IncompatibleModelsError, match="encoder-decoder"):
+            SpeculativeDecoder(target=target, drafter=HiddenStateDrafter(trained_head("llama")))
