@@ -125,3 +125,52 @@ class TestFiles:
         target = tiny_whisper()
         with pytest.raises(IncompatibleModelsError, match="encoder-decoder"):
             SpeculativeDecoder(target=target, drafter=HiddenStateDrafter(trained_head("llama")))
+
+
+class TestHiddenStateAPI:
+    """What a third-party drafter that sets ``wants_hidden_states`` receives in ``on_step``."""
+
+    def test_every_committed_position_arrives_once_with_the_targets_own_hidden_state(self):
+        from .test_exactness import NonsenseDrafter
+
+        target = tiny_model("llama")
+        ids, mask = left_padded_prompts([9, 3, 14])
+        seen: dict[tuple[int, int], torch.Tensor] = {}
+
+        class Recording(NonsenseDrafter):
+            wants_hidden_states = True
+
+            def on_step(self, state, step):
+                assert step.hidden_states.shape[:2] == step.hidden_positions.shape
+                for b, row in enumerate(step.rows_host.tolist()):
+                    for j, position in enumerate(step.hidden_positions[b].tolist()):
+                        if position >= 0:
+                            assert (row, position) not in seen  # once
+                            seen[(row, position)] = step.hidden_states[b, j]
+
+        out = SpeculativeDecoder(target=target, drafter=Recording(target.config.vocab_size),
+                                 policy=ConstantLookahead(k=3)).generate(ids, attention_mask=mask, max_new_tokens=12)
+        sequences = out.sequences
+        assert not (sequences[:, ids.shape[1]:] == 2).any()  # no row ended early: every position was read
+        full = torch.cat([mask, torch.ones(3, sequences.shape[1] - mask.shape[1], dtype=mask.dtype)], 1)
+        reference = target(sequences, attention_mask=full, position_ids=(full.cumsum(1) - 1).clamp(min=0),
+                           output_hidden_states=True).hidden_states[-1]
+        for row in range(3):
+            real = range(int((mask[row] == 0).sum()), sequences.shape[1] - 1)  # all but the last token
+            assert {p for r, p in seen if r == row} == set(real)
+            for position in real:
+                torch.testing.assert_close(seen[(row, position)], reference[row, position], rtol=0, atol=1e-6)
+
+    def test_drafters_that_do_not_ask_get_none(self, llama, llama_draft):
+        from specdec.drafters import ModelDrafter
+
+        got = []
+
+        class Spy(ModelDrafter):
+            def on_step(self, state, step):
+                got.append(step.hidden_states)
+                super().on_step(state, step)
+
+        ids, mask = left_padded_prompts([5])
+        SpeculativeDecoder(target=llama, drafter=Spy(llama_draft)).generate(ids, attention_mask=mask, max_new_tokens=6)
+        assert got and all(h is None for h in got)
