@@ -1,0 +1,83 @@
+"""The speech evaluation set: built deterministically with espeak-ng and sox, disjoint from the training split, scored with jiwer."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def load(name: str):
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.insert(0, str(BENCHMARKS))  # the scripts import each other by module name
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+needs_tts = pytest.mark.skipif(shutil.which("espeak-ng") is None or shutil.which("sox") is None,
+                               reason="espeak-ng and sox are not installed (apt-get install espeak-ng sox)")
+
+
+class TestSentences:
+    def test_splits_are_disjoint(self):
+        """No training text equals or contains an eval sentence; ids are unique."""
+        data = load("speech_eval_data")
+        data.check_disjoint()
+        for split in ("eval", "train"):
+            ids = [row["id"] for row in data.utterances(split)]
+            assert len(ids) == len(set(ids))
+
+    def test_eval_covers_three_languages_and_long_form(self):
+        """English, German and French, with long-form joins."""
+        rows = load("speech_eval_data").utterances("eval")
+        assert {r["language"] for r in rows} == {"en", "de", "fr"}
+        assert sum("long" in r["id"] for r in rows) >= 3
+
+    def test_generated_training_text_is_fixed(self):
+        """The seeded template sentences are the same on every call."""
+        data = load("speech_eval_data")
+        assert data.generated_train_sentences(30) == data.generated_train_sentences(30)
+        assert len(set(data.generated_train_sentences(100))) == 100
+
+
+@needs_tts
+class TestBuilder:
+    def test_builds_16k_mono_wavs_deterministically(self, tmp_path):
+        """Two builds of the first utterances give the same bytes: 16 kHz mono, 3-30 s, with references."""
+        soundfile = pytest.importorskip("soundfile")
+        builder = load("build_speech_eval")
+        rows = builder.build(tmp_path / "a", limit=2, progress=None)
+        builder.build(tmp_path / "b", limit=2, progress=None)
+        listed = json.loads((tmp_path / "a" / "utterances.json").read_text())
+        assert [r["id"] for r in listed] == [r["id"] for r in rows] == ["eval-en-00", "eval-en-01"]
+        for row in rows:
+            audio, rate = soundfile.read(tmp_path / "a" / row["file"])
+            assert rate == 16000 and audio.ndim == 1
+            assert 3 <= row["seconds"] <= 30 and row["seconds"] == pytest.approx(len(audio) / 16000, abs=1e-3)
+            assert (tmp_path / "a" / row["file"]).read_bytes() == (tmp_path / "b" / row["file"]).read_bytes()
+        manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
+        assert manifest["espeak_ng"].startswith("eSpeak NG") and manifest["split"] == "eval"
+
+
+class TestWordErrorRate:
+    def test_english_normaliser(self):
+        """Case, punctuation and contractions do not count as errors; a wrong word does."""
+        wer = load("speech_wer").word_error_rate
+        pytest.importorskip("jiwer")
+        assert wer(["I won't go to the station, Mr Smith."], ["i will not go to the station mister smith"], "en") == 0
+        assert wer(["the quick brown fox"], ["the quick brown box"], "en") == pytest.approx(0.25)
+
+    def test_german_and_french(self):
+        """BasicTextNormalizer for other languages: case and punctuation only."""
+        wer = load("speech_wer").word_error_rate
+        pytest.importorskip("jiwer")
+        assert wer(["Der Zug fährt ab."], ["der zug fährt ab"], "de") == 0
+        assert wer(["Il a plu toute la journée."], ["il a plu toute la semaine"], "fr") == pytest.approx(1 / 6)
