@@ -76,9 +76,12 @@ def quiet_transformers() -> None:
     transformers_logging.disable_progress_bar()
     if not os.environ.get("TRANSFORMERS_VERBOSITY"):
         transformers_logging.set_verbosity_error()
-    for category in (FutureWarning, DeprecationWarning, UserWarning):
-        warnings.filterwarnings("ignore", category=category, module=r"transformers(\.|$)")
-        warnings.filterwarnings("ignore", category=category, module=r"torch(\.|$)")
+    # A deprecation is attributed to the caller's module (stacklevel), so filter by category: they
+    # are for developers of the code that calls transformers, never for a command's user.
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    for module in (r"transformers(\.|$)", r"torch(\.|$)"):
+        warnings.filterwarnings("ignore", category=UserWarning, module=module)
 
 
 def load_config(path: Optional[Path]) -> "SpecdecConfig":
