@@ -18,7 +18,7 @@ import typer
 
 from .common import CONFIG_HELP, colour, fail, is_terminal, load_config, quiet_transformers, stderr_console, write_stdout
 
-OPTION_HELP = "{kind} option NAME=VALUE, read as the option's declared type (repeatable); `specdec plugins` lists them"
+OPTION_HELP = "A {kind} option, typed as the plugin declares it (repeatable; `specdec plugins` lists them)"
 
 
 def _stream_observer(tokenizer, bold: bool):
@@ -116,9 +116,9 @@ def generate(
     drafter: Optional[str] = typer.Option(None, "--drafter", help="Drafter name, overriding the config's"),
     policy: Optional[str] = typer.Option(None, "--policy", help="Lookahead policy name, overriding the config's"),
     verifier: Optional[str] = typer.Option(None, "--verifier", help="Verifier name (greedy, rejection), overriding the config's"),
-    drafter_options: list[str] = typer.Option([], "--drafter-option", "-D", metavar="NAME=VALUE", help=OPTION_HELP.format(kind="Drafter")),
-    policy_options: list[str] = typer.Option([], "--policy-option", "-P", metavar="NAME=VALUE", help=OPTION_HELP.format(kind="Policy")),
-    verifier_options: list[str] = typer.Option([], "--verifier-option", "-V", metavar="NAME=VALUE", help=OPTION_HELP.format(kind="Verifier")),
+    drafter_options: list[str] = typer.Option([], "--drafter-option", "-D", metavar="NAME=VALUE", help=OPTION_HELP.format(kind="drafter")),
+    policy_options: list[str] = typer.Option([], "--policy-option", "-P", metavar="NAME=VALUE", help=OPTION_HELP.format(kind="policy")),
+    verifier_options: list[str] = typer.Option([], "--verifier-option", "-V", metavar="NAME=VALUE", help=OPTION_HELP.format(kind="verifier")),
     temperature: Optional[float] = typer.Option(None, "--temperature", "-t", min=0.0, help="Sample at this temperature (0: greedy); picks the rejection verifier unless --verifier is given"),
     top_p: Optional[float] = typer.Option(None, "--top-p", min=0.0, max=1.0, help="Nucleus sampling threshold (needs sampling)"),
     seed: Optional[int] = typer.Option(None, "--seed", help="Seed for sampling, for a reproducible run"),
@@ -126,8 +126,10 @@ def generate(
     as_json: bool = typer.Option(False, "--json", help="Print machine-readable JSON (texts, stats, components) instead of text"),
     progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help="Progress bar on stderr (default: when stderr is a terminal and the text is not streamed there)"),
 ):
-    """Generate text with speculative decoding, streaming it as it is committed (one prompt) or
-    writing every row when the batch ends (several), with a progress bar on stderr meanwhile."""
+    """Generate text with speculative decoding: stdout gets each prompt and its continuation, unchanged.
+
+    One prompt streams as it is committed; several run as one batch, with a progress bar on stderr, and are written when it ends. Stats go to stderr; --json gives texts, stats and the components with their options.
+    """
     if any(not p for p in prompts):
         raise fail("empty prompt: every prompt needs some text")
     from ..config import parse_options
