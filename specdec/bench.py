@@ -1,17 +1,26 @@
 """``specdec bench``: speed measured as ratios in one process, on the same models and prompts.
 
-For every batch size: the target alone (batched ``generate``), Transformers' assisted generation
-(batch 1 only: it refuses larger batches, so for those it runs row by row and says so), and
-specdec with each requested drafter x policy. Each is warmed up, repeated, and its median kept.
-Every specdec output is checked against the target's own greedy output. Speedups are ratios of
-tokens per second: under greedy decoding every method writes the same tokens, so this is the ratio
-of times; sampled runs write different continuations (of different lengths), so time alone would
-not compare them.
+For every batch size the contenders are: the target alone (batched ``generate``), Transformers'
+assisted generation (it refuses batches, so above batch 1 it runs row by row and says so) and
+specdec with each requested drafter x policy. They are **interleaved**: after a warm-up, every
+repeat runs each contender once, in an order rotated by one at each repeat, so a noisy neighbour
+or a CPU frequency change hits all of them alike instead of whichever ran during it. Speedups
+are paired: repeat r's speedup is the contender's rate over the target's rate in the same
+repeat; the median is reported with the minimum and maximum over repeats (the spread).
+
+Speedups are ratios of tokens per second: under greedy decoding every method writes the same
+tokens, so this is the ratio of times; sampled runs write different continuations (of different
+lengths), so time alone would not compare them.
 
 The ideal speedup (Leviathan et al.) comes from the measured numbers: with alpha the per-token
 acceptance probability, k the mean lookahead and c the draft/target cost ratio of one forward,
 ``(1 - alpha^(k+1)) / ((1 - alpha) (k c + 1))``. alpha is solved from the measured mean accepted
-length tau = (1 - alpha^(k+1)) / (1 - alpha), so the ideal is tau / (k c + 1).
+length tau = (1 - alpha^(k+1)) / (1 - alpha), so the ideal is tau / (k c + 1). A measured speedup
+above the ideal is not a speedup but timing noise (or a mis-measured c): it is flagged as such.
+
+Exactness is reported as the share of rows identical to the target's own greedy output. In
+float64 it is 1 by construction; in float32 and half precision a (k+1)-token verification and a
+one-token step can round a near-tie differently, so a few rows may part (README, "What exact means").
 """
 
 from __future__ import annotations
@@ -24,7 +33,7 @@ import attrs
 import torch
 from transformers import DynamicCache
 
-from .config import ComponentSpec, SpecdecConfig
+from .config import SpecdecConfig
 from .decoding import SpeculativeDecoder
 
 
@@ -32,10 +41,10 @@ from .decoding import SpeculativeDecoder
 class BenchRow:
     batch_size: int
     method: str
-    seconds: float
+    seconds: float  # median over repeats
     new_tokens: int
     tokens_per_s: float
-    speedup_vs_target: float | None = None
+    speedup_vs_target: float | None = None  # median of the paired per-repeat ratios
     speedup_vs_assisted: float | None = None
     acceptance_rate: float | None = None
     mean_accepted_length: float | None = None
@@ -44,8 +53,16 @@ class BenchRow:
     cost_ratio: float | None = None
     ideal_speedup: float | None = None
     ratio_to_ideal: float | None = None
-    exact: bool | None = None
+    exact: bool | None = None  # every row identical to the target's (None: sampled, not checked)
     note: str = ""
+    seconds_min: float | None = None
+    seconds_max: float | None = None
+    speedup_min: float | None = None
+    speedup_max: float | None = None
+    identical_rows: float | None = None  # share of rows identical to the target's greedy output
+    rows: int | None = None
+    noise: bool = False  # the speedup is above the ideal: timing noise, not a result
+    repeats: int = 0
 
 
 def solve_alpha(tau: float, k: float) -> float:
@@ -69,17 +86,6 @@ def ideal_speedup(alpha: float, k: float, c: float) -> float:
     return tau / (k * c + 1)
 
 
-def _median_time(run: Callable[[], object], repeats: int, warmup: int):
-    for _ in range(warmup):
-        run()
-    times, result = [], None
-    for _ in range(repeats):
-        start = time.perf_counter()
-        result = run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), result
-
-
 @torch.no_grad()
 def forward_cost(model, batch_size: int, context: int, repeats: int = 20) -> float:
     """Seconds for one single-token forward with ``context`` tokens cached (the draft's unit of work)."""
@@ -96,12 +102,52 @@ def forward_cost(model, batch_size: int, context: int, repeats: int = 20) -> flo
     return statistics.median(times)
 
 
-def _new_token_rows(sequences: torch.Tensor, prompt_width: int, eos: list[int], pad: int) -> list[list[int]]:
+def _new_token_rows(sequences: torch.Tensor, prompt_width: int, eos: list[int]) -> list[list[int]]:
     rows = []
     for row in sequences[:, prompt_width:].tolist():
         cut = next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
         rows.append(row[:cut])
     return rows
+
+
+@attrs.define
+class _Contender:
+    """One thing to time: ``run()`` does all its work for the batch size and returns the new-token rows."""
+
+    label: str
+    run: Callable[[], tuple[list[list[int]], list]]
+    samples: list[tuple[float, int]] = attrs.field(factory=list)  # (seconds, new tokens) per repeat
+    rows: list[list[int]] = attrs.field(factory=list)
+    outputs: list = attrs.field(factory=list)
+
+    def time_once(self) -> None:
+        start = time.perf_counter()
+        rows, outputs = self.run()
+        seconds = time.perf_counter() - start
+        self.samples.append((seconds, sum(len(r) for r in rows)))
+        self.rows, self.outputs = rows, outputs
+
+    def rates(self) -> list[float]:
+        return [new / seconds for seconds, new in self.samples]
+
+
+def interleave(contenders: list[_Contender], repeats: int, warmup: int, on_progress=lambda message: None) -> None:
+    """Warm every contender up, then time each once per repeat, rotating the order every repeat."""
+    for _ in range(warmup):
+        for contender in contenders:
+            on_progress(f"warm-up: {contender.label}")
+            contender.run()
+    for contender in contenders:
+        contender.samples.clear()
+    for repeat in range(repeats):
+        shift = repeat % len(contenders)
+        for contender in contenders[shift:] + contenders[:shift]:
+            on_progress(f"repeat {repeat + 1}/{repeats}: {contender.label}")
+            contender.time_once()
+
+
+def _spread(values: list[float]) -> tuple[float, float, float]:
+    return statistics.median(values), min(values), max(values)
 
 
 def run_bench(
@@ -133,66 +179,82 @@ def run_bench(
     for drafter, policy in methods:
         spec = config.with_choices(drafter=drafter, policy=policy, verifier="rejection" if sampling else None)
         decoders[(drafter, policy)] = SpeculativeDecoder.from_config(spec, target=target)
-    assisted_cache: dict[tuple[str, str], tuple[float, int]] = {}
     draft_model = next((d.drafter.model for d in decoders.values() if getattr(d.drafter, "name", "") == "model"), None)
 
     for batch_size in batch_sizes:
         batches = [prompts[i : i + batch_size] for i in range(0, len(prompts), batch_size)]
         encoded = [tokenizer(b, return_tensors="pt", padding=True) for b in batches]
+        singles = [tokenizer([p], return_tensors="pt") for p in prompts]
 
         def target_alone():
-            return [target.generate(**e, pad_token_id=pad, **generate_kwargs) for e in encoded]
+            outs = [target.generate(**e, pad_token_id=pad, **generate_kwargs) for e in encoded]
+            return [r for o, e in zip(outs, encoded) for r in _new_token_rows(o, e["input_ids"].shape[1], eos)], outs
 
-        on_progress(f"batch {batch_size}: target alone")
-        base_time, base_out = _median_time(target_alone, repeats, warmup)
-        base_rows = [r for out, e in zip(base_out, encoded) for r in _new_token_rows(out, e["input_ids"].shape[1], eos, pad)]
-        base_tokens = sum(len(r) for r in base_rows)
-        base_rate = base_tokens / base_time
-        results.append(BenchRow(batch_size, "target alone", base_time, base_tokens, base_rate, 1.0))
-
-        target_cost = forward_cost(target, batch_size, context=128)
-        assisted_rates: dict[tuple[str, str], float] = {}
-        for (drafter, policy), decoder in decoders.items():
+        base = _Contender("target alone", target_alone)
+        contenders = [base]
+        assisted_of: dict[tuple[str, str], _Contender] = {}
+        for (drafter, policy), decoder in decoders.items() if assisted else ():
             k = getattr(decoder.policy, "k", getattr(decoder.policy, "initial", 5))
-            if not assisted:
-                break
             hf_kwargs = {}
             if drafter == "model" and draft_model is not None:
-                draft_model.generation_config.num_assistant_tokens = k
-                draft_model.generation_config.num_assistant_tokens_schedule = "heuristic" if policy == "heuristic" else "constant"
-                draft_model.generation_config.assistant_confidence_threshold = 0.0
                 hf_kwargs["assistant_model"] = draft_model
+                settings = dict(num_assistant_tokens=k, assistant_confidence_threshold=0.0,
+                                num_assistant_tokens_schedule="heuristic" if policy == "heuristic" else "constant")
             elif drafter == "ngram":
                 hf_kwargs["prompt_lookup_num_tokens"] = k
+                settings = {}
             else:
                 continue
-            label = f"transformers assisted ({drafter}, {policy})"
-            note = "" if batch_size == 1 else "row by row: transformers refuses batch > 1"
-            rows = [tokenizer([p], return_tensors="pt") for p in prompts]
 
-            def assisted_run():
-                return [target.generate(**r, pad_token_id=pad, **generate_kwargs, **hf_kwargs) for r in rows]
+            def assisted_run(hf_kwargs=hf_kwargs, settings=settings):
+                for name, value in settings.items():  # the draft model's settings are per contender
+                    setattr(draft_model.generation_config, name, value)
+                outs = [target.generate(**r, pad_token_id=pad, **generate_kwargs, **hf_kwargs) for r in singles]
+                return [_new_token_rows(o, r["input_ids"].shape[1], eos)[0] for o, r in zip(outs, singles)], outs
 
-            # Row by row is the same work at every batch size: measure it once.
-            if (drafter, policy) not in assisted_cache:
-                on_progress(f"batch {batch_size}: {label}")
-                seconds, outs = _median_time(assisted_run, repeats, warmup)
-                new = sum(len(_new_token_rows(o, r["input_ids"].shape[1], eos, pad)[0]) for o, r in zip(outs, rows))
-                assisted_cache[(drafter, policy)] = (seconds, new)
-            seconds, new = assisted_cache[(drafter, policy)]
-            assisted_rates[(drafter, policy)] = new / seconds
-            results.append(BenchRow(batch_size, label, seconds, new, new / seconds, new / seconds / base_rate, note=note))
-
+            assisted_of[(drafter, policy)] = _Contender(f"transformers assisted ({drafter}, {policy})", assisted_run)
+        contenders += assisted_of.values()
+        specdec_of: dict[tuple[str, str], _Contender] = {}
         for (drafter, policy), decoder in decoders.items():
-            label = f"specdec ({drafter}, {policy})"
 
-            def specdec_run():
-                return [decoder.generate(**e, **generate_kwargs) for e in encoded]
+            def specdec_run(decoder=decoder):
+                outs = [decoder.generate(**e, **generate_kwargs) for e in encoded]
+                rows = [r for o, e in zip(outs, encoded) for r in _new_token_rows(o.sequences, e["input_ids"].shape[1], eos)]
+                return rows, outs
 
-            on_progress(f"batch {batch_size}: {label}")
-            seconds, outs = _median_time(specdec_run, repeats, warmup)
-            rows_out = [r for out, e in zip(outs, encoded) for r in _new_token_rows(out.sequences, e["input_ids"].shape[1], eos, pad)]
-            new = sum(len(r) for r in rows_out)
+            specdec_of[(drafter, policy)] = _Contender(f"specdec ({drafter}, {policy})", specdec_run)
+        contenders += specdec_of.values()
+
+        on_progress(f"batch {batch_size}")
+        interleave(contenders, repeats, warmup, lambda message: on_progress(f"batch {batch_size}: {message}"))
+
+        base_rates = base.rates()
+
+        def summary(contender: _Contender, reference: list[float] | None = None):
+            seconds, s_min, s_max = _spread([s for s, _ in contender.samples])
+            new = contender.samples[-1][1]
+            rates = contender.rates()
+            paired = [rate / ref for rate, ref in zip(rates, reference or base_rates)]
+            return dict(seconds=seconds, seconds_min=s_min, seconds_max=s_max, new_tokens=new,
+                        tokens_per_s=statistics.median(rates), paired=paired, repeats=len(rates))
+
+        b = summary(base)
+        results.append(BenchRow(batch_size, base.label, b["seconds"], b["new_tokens"], b["tokens_per_s"], 1.0,
+                                seconds_min=b["seconds_min"], seconds_max=b["seconds_max"], repeats=b["repeats"]))
+        note = "" if batch_size == 1 else "row by row: transformers refuses batch > 1"
+        for contender in assisted_of.values():
+            a = summary(contender)
+            speedup, low, high = _spread(a["paired"])
+            results.append(BenchRow(batch_size, contender.label, a["seconds"], a["new_tokens"], a["tokens_per_s"], speedup,
+                                    note=note, seconds_min=a["seconds_min"], seconds_max=a["seconds_max"],
+                                    speedup_min=low, speedup_max=high, repeats=a["repeats"]))
+
+        target_cost = forward_cost(target, batch_size, context=128)
+        for (drafter, policy), contender in specdec_of.items():
+            decoder = decoders[(drafter, policy)]
+            s = summary(contender)
+            outs = contender.outputs
+            new = sum(len(r) for r in contender.rows)
             drafted = sum(o.stats.drafted for o in outs)
             accepted = sum(o.stats.accepted for o in outs)
             row_steps = sum(o.stats.row_steps for o in outs)
@@ -204,13 +266,18 @@ def run_bench(
                 c = 0.0
             alpha = solve_alpha(tau, k_mean)
             ideal = tau / (k_mean * c + 1) if row_steps else None
-            speedup = new / seconds / base_rate
-            hf = assisted_rates.get((drafter, policy))
+            speedup, low, high = _spread(s["paired"])
+            hf = assisted_of.get((drafter, policy))
+            vs_hf = statistics.median([r / h for r, h in zip(contender.rates(), hf.rates())]) if hf else None
+            identical = None
+            if not sampling:
+                same = sum(r == b_row for r, b_row in zip(contender.rows, base.rows))
+                identical = same / len(base.rows) if base.rows else 1.0
             results.append(
                 BenchRow(
-                    batch_size, label, seconds, new, new / seconds,
+                    batch_size, contender.label, s["seconds"], s["new_tokens"], s["tokens_per_s"],
                     speedup_vs_target=speedup,
-                    speedup_vs_assisted=new / seconds / hf if hf else None,
+                    speedup_vs_assisted=vs_hf,
                     acceptance_rate=accepted / drafted if drafted else 0.0,
                     mean_accepted_length=tau,
                     mean_lookahead=k_mean,
@@ -218,7 +285,13 @@ def run_bench(
                     cost_ratio=c,
                     ideal_speedup=ideal,
                     ratio_to_ideal=speedup / ideal if ideal else None,
-                    exact=None if sampling else rows_out == base_rows,
+                    exact=None if identical is None else identical == 1.0,
+                    seconds_min=s["seconds_min"], seconds_max=s["seconds_max"],
+                    speedup_min=low, speedup_max=high,
+                    identical_rows=identical,
+                    rows=len(contender.rows),
+                    noise=bool(ideal) and speedup > ideal,
+                    repeats=s["repeats"],
                 )
             )
     return results

@@ -67,6 +67,32 @@ class ComponentSpec:
         return get_registry().create(self.kind, self.use, self.options, where=where)
 
 
+def parse_options(kind: str, name: str, items: list[str] | tuple[str, ...], where: str = "") -> dict[str, Any]:
+    """``["k=3", "threshold=0.4"]`` (the CLI's repeatable ``--policy-option``) as typed values,
+    read against the options the component ``name`` declares: ``k=three`` for an ``int`` option
+    is a ``ConfigError`` naming the plugin, the option, the type and the value."""
+    entry = get_registry().get(kind, name)
+    label = f"{kind} {entry.name!r}" + (f" ({where})" if where else "")
+    options: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(f"{label}: options are written name=value, got {item!r}")
+        declared = {o.name: o for o in entry.options()}
+        if key not in declared:
+            listed = ", ".join(declared) or "none"
+            raise ConfigError(f"{label}: unknown option {key!r}; its options are: {listed}")
+        option = declared[key]
+        from .plugins.registry import parse_value
+
+        try:
+            options[key] = parse_value(text, option)
+        except ValueError:
+            raise ConfigError(f"{label}: option {key!r} must be {option.type}, got {text!r}") from None
+    return options
+
+
 def parse_dtype(value: str, where: str) -> torch.dtype | str:
     try:
         return DTYPES[str(value).lower()]
@@ -147,15 +173,39 @@ class SpecdecConfig:
             source=source,
         )
 
-    def with_choices(self, drafter: str | None = None, policy: str | None = None, verifier: str | None = None) -> SpecdecConfig:
-        """Swap a component by name (the CLI's --drafter / --policy), keeping options only if the name is unchanged."""
+    def with_choices(
+        self,
+        drafter: str | None = None,
+        policy: str | None = None,
+        verifier: str | None = None,
+        *,
+        drafter_options: dict[str, Any] | None = None,
+        policy_options: dict[str, Any] | None = None,
+        verifier_options: dict[str, Any] | None = None,
+    ) -> SpecdecConfig:
+        """Swap a component by name (the CLI's --drafter / --policy / --verifier), keeping its
+        options only if the name is unchanged (a drafter that loads a model keeps ``model``), then
+        set ``*_options`` on top (the CLI's --drafter-option and friends, already parsed: see
+        ``parse_options``)."""
+        from .plugins.registry import canonical
+
         changes = {}
-        for kind, name in (("drafter", drafter), ("policy", policy), ("verifier", verifier)):
-            if name is not None and name != getattr(self, kind).use:
+        for kind, name, extra in (
+            ("drafter", drafter, drafter_options),
+            ("policy", policy, policy_options),
+            ("verifier", verifier, verifier_options),
+        ):
+            current: ComponentSpec = getattr(self, kind)
+            spec = current
+            if name is not None and canonical(name) != canonical(current.use):
                 options = {}
-                if kind == "drafter" and name in ("model", "shared_encoder") and "model" in self.drafter.options:
-                    options = {"model": self.drafter.options["model"]}
-                changes[kind] = ComponentSpec(kind, name, options)
+                if kind == "drafter" and canonical(name) in ("model", "shared-encoder") and "model" in current.options:
+                    options = {"model": current.options["model"]}
+                spec = ComponentSpec(kind, name, options)
+            if extra:
+                spec = ComponentSpec(kind, spec.use, {**spec.options, **extra})
+            if spec is not current:
+                changes[kind] = spec
         return attrs.evolve(self, **changes)
 
     # --- building -------------------------------------------------------------------------------

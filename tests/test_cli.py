@@ -136,3 +136,281 @@ def test_ideal_speedup_formula():
     alpha = solve_alpha(tau=3.0, k=5)
     assert (1 - alpha**6) / (1 - alpha) == pytest.approx(3.0, rel=1e-6)
     assert ideal_speedup(alpha, 5, 0.1) == pytest.approx(3.0 / 1.5, rel=1e-6)
+
+
+# --- issue 16: what a user sees ----------------------------------------------------------------
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def reference(pair, prompts, n):
+    """The target's own greedy continuations, decoded."""
+    from specdec.config import SpecdecConfig
+
+    target, tokenizer = SpecdecConfig.from_toml(pair).load_target()
+    encoded = tokenizer(prompts, return_tensors="pt", padding=True)
+    expected = target.generate(**encoded, do_sample=False, max_new_tokens=n)
+    return tokenizer.batch_decode(expected[:, encoded["input_ids"].shape[1] :], skip_special_tokens=True)
+
+
+def run_specdec(*args, cwd=None, env=None):
+    """The real command in a subprocess, stdout a pipe (as in `specdec ... | cat`)."""
+    environment = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    return subprocess.run([sys.executable, "-m", "specdec.cli", *map(str, args)], capture_output=True,
+                          cwd=cwd, env=environment, timeout=300)
+
+
+class TestOutputIsTheText:
+    """stdout holds the model's text byte for byte; decoration goes to stderr."""
+
+    def test_a_batch_prints_prompt_and_text_unchanged(self, pair):
+        prompts = ["[bold]class Stack:[/]", "\tdef push(self, item):"]  # markup and a tab stay as written
+        result = runner.invoke(app, ["generate", *prompts, "-c", str(pair), "-n", "40"])
+        assert result.exit_code == 0, result.output
+        texts = reference(pair, prompts, 40)
+        assert result.stdout == "".join(p + t + "\n" for p, t in zip(prompts, texts))
+        assert "tokens per target call" in result.stderr
+
+    def test_a_streamed_prompt_is_the_final_text(self, pair):
+        prompt = "def fibonacci(n):"
+        result = runner.invoke(app, ["generate", prompt, "-c", str(pair), "-n", "60"])
+        assert result.exit_code == 0, result.output
+        assert result.stdout == prompt + reference(pair, [prompt], 60)[0] + "\n"
+
+    def test_piped_output_is_not_wrapped(self, pair):
+        """A real process with stdout a pipe: no 80-column wrapping, no escape codes."""
+        prompts = ["def fibonacci(n):" + " " * 90 + "#", "class Stack:"]
+        result = run_specdec("generate", "-c", pair, "-n", "30", *prompts)
+        assert result.returncode == 0, result.stderr
+        texts = reference(pair, prompts, 30)
+        assert result.stdout.decode() == "".join(p + t + "\n" for p, t in zip(prompts, texts))
+        assert b"\x1b[" not in result.stdout
+
+    def test_json_names_the_components_and_their_options(self, pair):
+        result = runner.invoke(app, ["generate", "x = 1", "-c", str(pair), "-n", "4", "--json",
+                                     "--drafter", "ngram", "-D", "max_ngram=2", "--policy-option", "k=2"])
+        assert result.exit_code == 0, result.output
+        components = json.loads(result.stdout)["components"]
+        assert components["drafter"] == {"name": "ngram", "options": {"max_ngram": 2, "min_ngram": 1}}
+        assert components["policy"] == {"name": "constant", "options": {"k": 2}}
+        assert components["verifier"]["name"] == "greedy"
+
+
+class TestGenerateOptions:
+    """--verifier, --temperature, --top-p, --seed and the per-strategy --*-option flags."""
+
+    def test_sampling_with_a_seed_is_reproducible_and_uses_rejection(self, pair):
+        args = ["generate", "import os", "-c", str(pair), "-n", "12", "--temperature", "0.8", "--top-p", "0.9",
+                "--seed", "3", "--json"]
+        first, second = runner.invoke(app, args), runner.invoke(app, args)
+        assert first.exit_code == 0, first.output
+        one, two = json.loads(first.stdout), json.loads(second.stdout)
+        assert one["outputs"] == two["outputs"]
+        assert one["components"]["verifier"]["name"] == "rejection"
+        assert one["sampling"] == {"do_sample": True, "temperature": 0.8, "top_p": 0.9} and one["seed"] == 3
+
+    def test_explicit_verifier(self, pair):
+        result = runner.invoke(app, ["generate", "import os", "-c", str(pair), "-n", "6", "--verifier", "rejection"])
+        assert result.exit_code == 0, result.output
+        assert "verifier rejection" in result.stderr
+
+    @pytest.mark.parametrize(
+        "args, message",
+        [
+            (["-P", "k=three"], "policy 'constant' (--policy-option): option 'k' must be int, got 'three'"),
+            (["-P", "window=2"], "unknown option 'window'; its options are: k"),
+            (["-P", "k"], "options are written name=value"),
+            (["--top-p", "0.5"], "--top-p needs sampling"),
+            (["--verifier", "maybe"], "unknown verifier 'maybe'; known verifiers: greedy, rejection"),
+        ],
+    )
+    def test_option_mistakes_exit_2_before_loading_a_model(self, pair, args, message):
+        result = runner.invoke(app, ["generate", "x", "-c", str(pair), *args])
+        assert result.exit_code == 2, result.output
+        assert result.stderr.startswith("Error: ") and message in result.stderr
+        assert result.stdout == ""
+
+    def test_a_missing_required_option_names_plugin_option_and_bundled_weights(self, pair):
+        result = runner.invoke(app, ["generate", "x", "-c", str(pair), "--policy", "classifier"])
+        assert result.exit_code == 2, result.output
+        assert "policy 'classifier'" in result.stderr and "missing required option 'weights'" in result.stderr
+        assert "--policy-option" in result.stderr and "python-pair/classifier.safetensors" in result.stderr
+        assert "positional argument" not in result.output
+
+    def test_the_bundled_pair_gets_its_classifier_by_default(self):
+        result = runner.invoke(app, ["generate", "def f(x):", "-c", str(REPO / "plugins.toml"), "-n", "4",
+                                     "--policy", "classifier", "--json"])
+        assert result.exit_code == 0, result.output
+        weights = json.loads(result.stdout)["components"]["policy"]["options"]["weights"]
+        assert Path(weights) == REPO / "models" / "python-pair" / "classifier.safetensors"
+
+
+README_PLUGIN = '''
+import attrs, specdec
+from specdec import Draft
+from specdec.drafters import Drafter
+
+@attrs.define(eq=False)
+class RepeatLast(Drafter):
+    """Propose the row's last token again."""
+    name = "repeat-last"
+    times: int = 2
+
+    def propose(self, state, max_tokens, keep_drafting):
+        last = state.sequences[state.rows].gather(1, (state.lengths[state.rows] - 1)[:, None])
+        width = int(max_tokens.max())
+        return Draft(tokens=last.expand(-1, width).clone(), lengths=max_tokens.clamp(max=self.times))
+
+@specdec.hookimpl
+def specdec_register(registry):
+    registry.register_drafter("repeat-last", RepeatLast)
+'''
+
+
+@pytest.fixture
+def local_plugins(tmp_path, monkeypatch):
+    """Two plugins installed as entry points: the README's (no validators) and one that fails to import."""
+    from specdec.plugins import load_plugins
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "readme_plugin.py").write_text(README_PLUGIN)
+    (site / "exploding_plugin.py").write_text("raise RuntimeError('needs a GPU driver that is not here')\n")
+    info = site / "local_plugins-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: local-plugins\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[specdec]\nreadme = readme_plugin\nexploding = exploding_plugin\n")
+    monkeypatch.syspath_prepend(str(site))
+    load_plugins(refresh=True)
+    yield site
+    monkeypatch.undo()
+    for name in ("readme_plugin", "exploding_plugin"):
+        sys.modules.pop(name, None)
+    load_plugins(refresh=True)
+
+
+class TestPluginProblems:
+    """A plugin that fails to load, and plugin options of the wrong type."""
+
+    def test_a_plugin_that_failed_to_load_is_named_with_its_error(self, pair, local_plugins):
+        result = runner.invoke(app, ["generate", "x", "-c", str(pair), "--drafter", "exploding"])
+        assert result.exit_code == 2, result.output
+        assert "the plugin 'exploding' (local-plugins) failed to load: RuntimeError: needs a GPU driver" in result.stderr
+        listing = runner.invoke(app, ["plugins"])
+        assert "plugin 'exploding' (local-plugins) failed to load" in listing.stderr
+        assert "repeat-last" in listing.stdout
+
+    def test_an_option_of_the_wrong_type_fails_before_decoding(self, pair, local_plugins, tmp_path):
+        config = tmp_path / "plugins.toml"
+        config.write_text(pair.read_text().replace('use = "model"\nmodel = "draft"', 'use = "repeat-last"\ntimes = "three"')
+                          .replace('"target"', f'"{pair.parent / "target"}"'))
+        result = runner.invoke(app, ["generate", "def f():", "-c", str(config), "-n", "4"])
+        assert result.exit_code == 2, result.output
+        assert "drafter 'repeat-last'" in result.stderr
+        assert "option 'times' must be int, got 'three' (str)" in result.stderr
+        assert result.stdout == "" and "Traceback" not in result.output
+        ok = runner.invoke(app, ["generate", "def f():", "-c", str(config), "-n", "4", "-D", "times=3"])
+        assert ok.exit_code == 0, ok.output
+
+
+class TestPluginListing:
+    """specdec plugins: nothing cut short, plain rows when piped."""
+
+    def test_piped_listing_is_plain_rows_with_whole_names(self):
+        result = run_specdec("plugins", env={"COLUMNS": "40"})
+        assert result.returncode == 0, result.stderr
+        out = result.stdout.decode()
+        assert "…" not in out and "─" not in out and "│" not in out
+        rows = {tuple(line.split()[:2]) for line in out.splitlines()[1:]}
+        assert {("policy", "target-confidence"), ("policy", "draft-confidence"), ("drafter", "shared-encoder")} <= rows
+        assert "heuristic  " in out and "initial=5, increase=2, decrease=1, min_tokens=1, max_tokens=32" in out
+
+    def test_shared_encoder_is_listed_once(self):
+        payload = json.loads(runner.invoke(app, ["plugins", "--json"]).stdout)
+        names = [c["name"] for c in payload["components"] if c["kind"] == "drafter"]
+        assert names.count("shared-encoder") == 1 and "shared_encoder" not in names
+
+
+class TestStartUp:
+    """--help, --version and argument errors import neither torch nor transformers."""
+
+    def test_help_and_version_stay_light(self):
+        code = textwrap.dedent("""
+            import sys
+            from specdec.cli import app
+            for args in (["--help"], ["--version"], ["generate", "--help"], ["generate"], ["bench", "--repeats", "x"]):
+                try:
+                    app(args, prog_name="specdec")
+                except SystemExit:
+                    pass
+            heavy = sorted(m for m in ("torch", "transformers") if m in sys.modules)
+            print("HEAVY", heavy)
+        """)
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+        assert "HEAVY []" in result.stdout, result.stdout + result.stderr
+        assert "specdec 0.1.0" in result.stdout
+
+    def test_version(self):
+        result = runner.invoke(app, ["--version"])
+        assert result.exit_code == 0 and result.stdout == "specdec 0.1.0\n"
+
+
+class TestBenchMeasures:
+    """bench: interleaved repeats, the spread, noise flagged, identical rows counted, no file unasked."""
+
+    def test_interleaving_rotates_the_order(self):
+        from specdec.bench import _Contender, interleave
+
+        order = []
+        contenders = [_Contender(name, lambda name=name: (order.append(name), ([[1]], []))[1]) for name in "abc"]
+        interleave(contenders, repeats=3, warmup=1)
+        assert order == list("abc") + list("abc") + list("bca") + list("cab")
+        assert all(len(c.samples) == 3 for c in contenders)
+
+    def test_no_file_unless_asked_and_the_spread_in_json(self, pair, tmp_path, monkeypatch):
+        monkeypatch.chdir(tmp_path)
+        args = ["bench", "-c", str(pair), "--batch-sizes", "2", "--num-prompts", "2", "--max-new-tokens", "5",
+                "--repeats", "2", "--warmup", "0", "--drafters", "ngram"]
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, result.output
+        assert list(tmp_path.iterdir()) == []
+        assert "identical rows" in result.stdout and "100% (2/2)" in result.stdout
+        assert "warn" not in result.output.lower()  # transformers' deprecation warnings stay quiet
+        result = runner.invoke(app, [*args, "--out", "b.json"])
+        rows = json.loads((tmp_path / "b.json").read_text())["results"]
+        ngram = next(r for r in rows if r["method"] == "specdec (ngram, constant)")
+        assert ngram["identical_rows"] == 1.0 and ngram["rows"] == 2 and ngram["repeats"] == 2
+        assert ngram["speedup_min"] <= ngram["speedup_vs_target"] <= ngram["speedup_max"]
+
+    def test_above_the_ideal_is_flagged_as_noise(self, pair, tmp_path, monkeypatch):
+        import specdec.bench
+
+        costs = iter([1.0, 1000.0])  # the draft "costs" 1000 target forwards: the ideal is far below 1
+        monkeypatch.setattr(specdec.bench, "forward_cost", lambda *a, **k: next(costs))
+        out = tmp_path / "b.json"
+        result = runner.invoke(app, ["bench", "-c", str(pair), "--batch-sizes", "1", "--num-prompts", "1",
+                                     "--max-new-tokens", "4", "--repeats", "1", "--warmup", "0", "--no-assisted",
+                                     "--out", str(out)])
+        assert result.exit_code == 0, result.output
+        row = json.loads(out.read_text())["results"][-1]
+        assert row["noise"] is True and row["ratio_to_ideal"] > 1
+        assert "noise" in result.stdout and "timing noise" in result.stderr
+
+
+class TestReadmeSnippet:
+    """The README's Python example runs from any folder."""
+
+    def test_runs_outside_the_repository(self, tmp_path):
+        readme = (REPO / "README.md").read_text()
+        snippet = readme.split("## From Python\n\n```python\n", 1)[1].split("```", 1)[0]
+        snippet = snippet.replace("max_new_tokens=64", "max_new_tokens=4") + "\nprint('ROWS', out.sequences.shape[0])\n"
+        result = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, cwd=tmp_path,
+                                env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)
+        assert "ROWS 2" in result.stdout, result.stderr

@@ -135,3 +135,66 @@ class TestRuntimeHooks:
         observer = Quiet()
         with pytest.raises(ConfigError, match="observer 'quiet' .* is passed twice"):
             SpeculativeDecoder(target=llama, drafter=NGramDrafter(), observers=[observer, observer])
+
+
+class TestNamesAndOptions:
+    """Names with '-' or '_' are one name; options are checked against their declared types."""
+
+    def test_shared_encoder_is_listed_with_a_hyphen_and_found_either_way(self):
+        registry = get_registry(refresh=True)
+        drafters = [e.name for e in registry.entries("drafter")]
+        assert "shared-encoder" in drafters and "shared_encoder" not in drafters
+        assert registry.get("drafter", "shared_encoder") is registry.get("drafter", "shared-encoder")
+        assert registry.get("policy", "draft_confidence").name == "draft-confidence"
+
+    def test_declared_types_are_checked_before_building(self):
+        import attrs
+
+        from specdec.plugins.registry import Registry
+
+        @attrs.define
+        class Loose:
+            """No validators, only annotations."""
+
+            times: int = 2
+            scale: float = 1.0
+            label: str | None = None
+            path: Path | None = None
+            anything: object = None
+
+        registry = Registry()
+        registry.register_drafter("loose", Loose)
+        for options, message in [
+            ({"times": "three"}, "option 'times' must be int, got 'three' (str)"),
+            ({"times": True}, "option 'times' must be int, got True (bool)"),
+            ({"scale": "x"}, "option 'scale' must be float"),
+            ({"label": 3}, "option 'label' must be str | None, got 3 (int)"),
+        ]:
+            with pytest.raises(ConfigError, match=r"drafter 'loose' \(t.toml\): " + message.replace("(", r"\(").replace(")", r"\)").replace("|", r"\|")):
+                registry.create("drafter", "loose", options, where="t.toml")
+        built = registry.create("drafter", "loose", {"times": 3, "scale": 2, "label": None, "path": "a/b", "anything": [1]})
+        assert (built.times, built.scale, built.path) == (3, 2, "a/b")
+
+    def test_command_line_values_are_read_as_the_declared_type(self):
+        from specdec.config import parse_options
+
+        get_registry(refresh=True)
+        assert parse_options("policy", "heuristic", ["initial=3", "max_tokens=9"]) == {"initial": 3, "max_tokens": 9}
+        assert parse_options("policy", "target-confidence", ["draft_threshold=none", "threshold=0.25"]) == {
+            "draft_threshold": None, "threshold": 0.25}
+        assert parse_options("observer", "progress", ["transient=no", "description=a=b"]) == {
+            "transient": False, "description": "a=b"}
+        with pytest.raises(ConfigError, match=r"policy 'constant': option 'k' must be int, got '2.5'"):
+            parse_options("policy", "constant", ["k=2.5"])
+
+    def test_a_missing_required_option_is_named(self):
+        with pytest.raises(ConfigError, match=r"policy 'classifier': missing required option 'weights'"):
+            get_registry(refresh=True).create("policy", "classifier", {})
+
+    def test_unknown_name_points_at_the_plugin_that_failed(self, installed_example_plugin):
+        registry = load_plugins(refresh=True).registry
+        with pytest.raises(ConfigError, match=r"drafter 'broken_example' is not available: the plugin 'broken_example' "
+                                              r"\(specdec-example-plugin\) failed to load: ImportError: .*broken on purpose"):
+            registry.get("drafter", "broken_example")
+        with pytest.raises(ConfigError, match=r"unknown drafter 'other'.*failed to load, which may provide it: 'broken_example'"):
+            registry.get("drafter", "other")

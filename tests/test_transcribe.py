@@ -12,7 +12,8 @@ import transformers
 import typer
 from typer.testing import CliRunner
 
-from specdec.cli.transcribe import SAMPLE_RATE, AudioError, read_audio, transcribe_command
+from specdec.audio import SAMPLE_RATE, AudioError, read_audio
+from specdec.cli.transcribe import transcribe_command
 
 from .tiny_whisper import processor, tiny_distil_decoder, tiny_whisper
 
@@ -137,9 +138,10 @@ class TestTranscribeCommand:
         assert json.loads(result.stdout)["stats"]["windows"] >= 2
 
     def test_bad_files_are_named_and_the_rest_transcribed(self, app, workspace):
-        """Unreadable, empty and missing files: one error each, the good file transcribed, exit code 1."""
+        """Unreadable, empty and missing files: one error each, the good file transcribed, exit code 2
+        (the code of every user error, as generate and bench use it)."""
         result = run(app, workspace, "broken.wav", "tone.wav", "empty.wav", "missing.wav")
-        assert result.exit_code == 1
+        assert result.exit_code == 2
         for name in ("broken.wav", "empty.wav", "missing.wav"):
             assert f"Error: {workspace / name}" in result.stderr
         assert f"{workspace / 'tone.wav'}: " in result.stdout
@@ -161,3 +163,32 @@ class TestTranscribeCommand:
             assert result.exit_code == 2, (options, result.output)
             assert result.stderr.startswith("Error:") and message in result.stderr, result.stderr
             assert "Traceback" not in result.output
+
+
+class TestAsALibraryAndAProcess:
+    """Audio reading works without the CLI; the real command prints no library warnings."""
+
+    def test_audio_and_whisper_modules_need_no_typer(self):
+        import subprocess
+        import sys
+        from pathlib import Path
+
+        code = "import sys, specdec.audio, specdec.whisper; print('typer' in sys.modules, 'specdec.cli' in sys.modules)"
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                                env={"PYTHONPATH": str(Path(__file__).resolve().parent.parent), "PATH": ""})
+        assert result.stdout.split() == ["False", "False"], result.stderr
+
+    def test_real_process_prints_the_text_and_no_warnings(self, workspace):
+        import os
+        import subprocess
+        import sys
+        from pathlib import Path
+
+        result = subprocess.run(
+            [sys.executable, "-m", "specdec.cli", "transcribe", str(workspace / "tone.wav"), "-c", str(workspace / "whisper.toml")],
+            capture_output=True, text=True, timeout=300,
+            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+        )
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip() == reference_texts(workspace, ["tone.wav"])[0]
+        assert "warn" not in result.stderr.lower() and "deprecat" not in result.stderr.lower(), result.stderr

@@ -5,8 +5,8 @@ mono and resamples to 16 kHz. Files of up to 30 seconds are batched together in 
 short-form mode; longer files are batched together in long-form mode (30-second windows, seeking
 by the predicted timestamps), exactly as ``WhisperForConditionalGeneration.generate`` does.
 A file that cannot be read, or holds no audio, is reported by name and skipped; the others are
-still transcribed and the command exits with code 1 at the end. Configuration errors exit with
-code 2.
+still transcribed and the command exits with code 2 at the end, the code of every user error
+(configuration errors too). Audio reading itself is library code: ``specdec.audio``.
 
 ```toml
 # whisper.toml
@@ -22,59 +22,16 @@ model = "models/distil-large-v3"       # its decoder is loaded as WhisperForCaus
 from __future__ import annotations
 
 import json
-import math
 import time
 from pathlib import Path
 from typing import Any, Optional
 
-import attrs
 import typer
 
-SAMPLE_RATE = 16_000
-WINDOW_SECONDS = 30.0
+from ..audio import SAMPLE_RATE, WINDOW_SECONDS, Audio, AudioError, read_audio
+from .common import fail, quiet_transformers
 
-
-class AudioError(Exception):
-    """One file cannot be transcribed (unreadable, empty); the others go on."""
-
-
-@attrs.frozen
-class Audio:
-    path: Path
-    samples: Any  # numpy float32 [n], mono, 16 kHz
-
-    @property
-    def seconds(self) -> float:
-        return len(self.samples) / SAMPLE_RATE
-
-
-def read_audio(path: Path) -> Audio:
-    """Read a sound file as 16 kHz mono float32, or raise ``AudioError`` saying why not."""
-    try:
-        import numpy as np
-        import soundfile
-        from scipy.signal import resample_poly
-    except ImportError as exc:  # pragma: no cover - depends on the install
-        raise typer.BadParameter(
-            f"reading audio needs soundfile, numpy and scipy: pip install 'specdec[audio]' ({exc})"
-        ) from exc
-    if not path.is_file():
-        raise AudioError(f"{path}: no such file")
-    try:
-        data, rate = soundfile.read(str(path), dtype="float32", always_2d=True)  # [n, channels]
-    except Exception as exc:  # libsndfile's errors vary by format and version
-        raise AudioError(f"{path}: cannot read audio: {exc}") from exc
-    if data.shape[0] == 0 or data.shape[1] == 0:
-        raise AudioError(f"{path}: the file holds no audio samples")
-    samples = data.mean(axis=1)  # [n] mono
-    if rate != SAMPLE_RATE:
-        common = math.gcd(int(rate), SAMPLE_RATE)
-        samples = resample_poly(samples, SAMPLE_RATE // common, int(rate) // common).astype(np.float32)
-    if samples.shape[0] == 0:
-        raise AudioError(f"{path}: the file holds no audio samples")
-    if not np.isfinite(samples).all():
-        raise AudioError(f"{path}: the audio holds NaN or infinite samples")
-    return Audio(path=path, samples=np.ascontiguousarray(samples, dtype=np.float32))
+__all__ = ["SAMPLE_RATE", "Audio", "AudioError", "read_audio", "transcribe_command"]
 
 
 def _timestamp(seconds: float) -> str:
@@ -82,11 +39,6 @@ def _timestamp(seconds: float) -> str:
     hours, minutes = divmod(int(minutes), 60)
     stamp = f"{minutes:02d}:{rest:06.3f}"
     return f"{hours:d}:{stamp}" if hours else stamp
-
-
-def _fail(message: str) -> typer.Exit:
-    typer.echo(f"Error: {message}", err=True)
-    return typer.Exit(code=2)
 
 
 def _batches(items: list, size: int):
@@ -157,23 +109,21 @@ def transcribe_command(
     from ..whisper import WhisperSpeculativeDecoder
 
     if task not in ("transcribe", "translate"):
-        raise _fail(f"--task must be 'transcribe' or 'translate', got {task!r}")
-    from transformers.utils import logging as transformers_logging
-
-    transformers_logging.disable_progress_bar()  # weight-loading bars would interleave with the transcript
+        raise fail(f"--task must be 'transcribe' or 'translate', got {task!r}")
+    quiet_transformers()  # weight-loading bars and deprecation warnings would interleave with the transcript
     try:
         spec = SpecdecConfig.from_toml(config)
         if drafter is not None:
             spec = spec.with_choices(drafter=drafter)
         if not spec.target_is_encoder_decoder:
-            raise _fail(f"{config}: [target] model {spec.target['model']!r} is not a Whisper (encoder-decoder) model")
+            raise fail(f"{config}: [target] model {spec.target['model']!r} is not a Whisper (encoder-decoder) model")
         target, _ = spec.load_target()
         processor = spec.load_processor()
         if not hasattr(processor, "feature_extractor"):
-            raise _fail(f"{config}: the processor in {spec.target['model']!r} has no feature extractor")
+            raise fail(f"{config}: the processor in {spec.target['model']!r} has no feature extractor")
         whisper = WhisperSpeculativeDecoder(SpeculativeDecoder.from_config(spec, target=target))
     except SpecdecError as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
 
     options: dict[str, Any] = dict(spec.sampling)
     options.update(task=task, return_timestamps=True if timestamps else None)
@@ -187,7 +137,9 @@ def transcribe_command(
             audios.append(read_audio(path))
         except AudioError as exc:
             failed.append(str(exc))
-            typer.echo(f"Error: {exc}", err=True)
+            fail(str(exc))  # reported now; the other files are still transcribed
+        except SpecdecError as exc:  # the audio libraries are not installed
+            raise fail(str(exc)) from None
 
     results: dict[str, dict] = {}
     stats = {"drafted": 0, "accepted": 0, "new_tokens": 0, "row_steps": 0, "target_calls": 0, "windows": 0}
@@ -212,9 +164,9 @@ def transcribe_command(
                     stats[name] += getattr(decode, name)
                 stats["windows"] += whisper.stats.windows
     except SpecdecError as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     except ValueError as exc:  # transformers' Whisper checks (unknown language, ...)
-        raise _fail(f"{exc}") from None
+        raise fail(f"{exc}") from None
     finally:
         if progress is not None:
             progress.stop()
@@ -247,6 +199,5 @@ def transcribe_command(
                 f"target call, RTFx {stats['rtfx']:.1f} ({audio_seconds:.1f} s of audio in {compute_seconds:.1f} s)",
                 err=True,
             )
-    if failed:
-        typer.echo(f"{len(failed)} of {len(files)} file(s) could not be transcribed", err=True)
-        raise typer.Exit(code=1)
+    if failed:  # files the user named that cannot be read: a user error, exit 2 like every other one
+        raise fail(f"{len(failed)} of {len(files)} file(s) could not be transcribed")

@@ -8,14 +8,15 @@ method into the hookimpl that calls the subclass's override and names the plugin
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, ClassVar
-
-import torch
-from transformers import GenerationConfig
+from typing import TYPE_CHECKING, Callable, ClassVar
 
 from ..errors import PluginError
 from .hookspecs import hookimpl
 from .types import Draft, Verdict
+
+if TYPE_CHECKING:  # annotations only: plugin discovery must not import transformers
+    import torch
+    from transformers import GenerationConfig
 
 KeepDrafting = Callable[..., "torch.Tensor | None"]
 
@@ -103,6 +104,8 @@ class Drafter(Component):
 
 
 def _as_row_lengths(policy, args, k) -> torch.Tensor:
+    import torch
+
     (state,) = args
     return torch.as_tensor(k, dtype=torch.long).expand(state.active).clone()
 

@@ -1,9 +1,13 @@
-"""``progress``: a rich progress bar over the tokens a request may generate."""
+"""``progress``: a rich progress bar on stderr over the tokens a request may generate.
+
+stderr, so that stdout keeps only the generated text; rich is imported when a request begins.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ..core.hookspecs import hookimpl
 from ..core.components import Observer
@@ -17,13 +21,16 @@ class ProgressObserver(Observer):
 
     description: str = attrs.field(default="decoding", validator=attrs.validators.instance_of(str))
     transient: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
-    _progress: Progress | None = attrs.field(default=None, init=False, repr=False)
+    _progress: Any = attrs.field(default=None, init=False, repr=False)  # a rich Progress while decoding
     _task = attrs.field(default=None, init=False, repr=False)
 
     def begin(self, state, target) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
         self._progress = Progress(
             TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            transient=self.transient,
+            transient=self.transient, console=Console(stderr=True),
         )
         self._progress.start()
         self._task = self._progress.add_task(self.description, total=state.batch_size * state.max_new_tokens)

@@ -71,9 +71,13 @@ def load_plugins(refresh: bool = False) -> Plugins:
     packages: dict[str, str] = {}
 
     for module_name in DEFAULT_PLUGINS:
-        module = importlib.import_module(module_name)
-        manager.register(module, name=module_name)
         packages[module_name] = "specdec"
+        try:
+            module = importlib.import_module(module_name)
+        except Exception as exc:  # a built-in whose dependency is missing is reported like any plugin
+            failures.append(PluginFailure(module_name, "specdec", f"{type(exc).__name__}: {exc}"))
+            continue
+        manager.register(module, name=module_name)
 
     for entry_point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         package = entry_point.dist.name if entry_point.dist is not None else "?"
@@ -96,6 +100,7 @@ def load_plugins(refresh: bool = False) -> Plugins:
             failures.append(
                 PluginFailure(impl.plugin_name, packages.get(impl.plugin_name, "?"), f"{type(exc).__name__}: {exc}")
             )
+    registry.failures = failures
     _loaded = Plugins(manager=manager, registry=registry, failures=failures, packages=packages)
     return _loaded
 

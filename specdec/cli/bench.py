@@ -1,0 +1,145 @@
+"""``specdec bench``: the command around ``specdec.bench.run_bench`` (a table; JSON with --out)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from .common import CONFIG_HELP, fail, is_terminal, load_config, quiet_transformers, stderr_console
+
+
+def _parse_list(value: str, what: str, cast=str) -> list:
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    if not items:
+        raise fail(f"--{what} needs at least one value")
+    try:
+        return [cast(v) for v in items]
+    except ValueError:
+        raise fail(f"--{what} must be a comma-separated list, got {value!r}") from None
+
+
+def bench(
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help=CONFIG_HELP),
+    prompts_file: Optional[Path] = typer.Option(None, "--prompts", help="Prompts (.txt one per line, or .jsonl); default: the held-out prompts beside the target model"),
+    batch_sizes: str = typer.Option("1,4,16", help="Comma-separated batch sizes"),
+    drafters: Optional[str] = typer.Option(None, help="Comma-separated drafters (default: the config's)"),
+    policies: Optional[str] = typer.Option(None, help="Comma-separated policies (default: the config's)"),
+    num_prompts: int = typer.Option(16, min=1, help="How many prompts to run at every batch size"),
+    max_new_tokens: int = typer.Option(64, min=1),
+    repeats: int = typer.Option(3, min=1, help="Timed repeats, interleaved across contenders; the median and the spread are reported"),
+    warmup: int = typer.Option(1, min=0),
+    assisted: bool = typer.Option(True, help="Also time Transformers' assisted generation"),
+    temperature: float = typer.Option(0.0, min=0.0, help="Sample at this temperature (0: greedy) with the rejection verifier"),
+    top_p: float = typer.Option(1.0, min=0.0, max=1.0, help="Nucleus sampling threshold when sampling"),
+    out: Optional[Path] = typer.Option(None, "--out", help="Also write the results as JSON to this file"),
+):
+    """Time specdec against the target alone and Transformers' assisted generation, interleaved."""
+    from ..errors import SpecdecError
+    from ..prompts import read_prompts
+
+    sizes = _parse_list(batch_sizes, "batch-sizes", int)
+    if any(size < 1 for size in sizes):
+        raise fail(f"--batch-sizes must be positive integers, got {batch_sizes!r}")
+    spec = load_config(config)
+    drafter_names = _parse_list(drafters, "drafters") if drafters else [spec.drafter.use]
+    policy_names = _parse_list(policies, "policies") if policies else [spec.policy.use]
+    if prompts_file is None:
+        prompts_file = Path(spec.target["model"]).parent / "prompts.jsonl"
+    try:
+        prompts = read_prompts(prompts_file)[:num_prompts]
+    except SpecdecError as exc:
+        raise fail(str(exc)) from None
+    methods = [(d, p) for d in drafter_names for p in policy_names]
+
+    quiet_transformers()
+    import attrs
+    import torch
+    from rich.console import Console
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from ..bench import run_bench
+
+    errors = stderr_console()
+    try:
+        with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=errors, transient=True) as progress:
+            task = progress.add_task("loading models")
+            rows = run_bench(
+                spec, prompts, sizes, methods, max_new_tokens=max_new_tokens, repeats=repeats, warmup=warmup,
+                assisted=assisted, sampling={"temperature": temperature, "top_p": top_p} if temperature > 0 else None,
+                on_progress=lambda message: progress.update(task, description=message),
+            )
+    except SpecdecError as exc:
+        raise fail(str(exc)) from None
+
+    mode = f"sampled (temperature {temperature}, top-p {top_p})" if temperature > 0 else "greedy"
+    dtype = str(spec.target.get("dtype", "float32"))
+    table = Table(
+        title=f"specdec bench · {len(prompts)} prompts · {max_new_tokens} new tokens · {mode} · {dtype} · "
+        f"{repeats} interleaved repeat(s): median [min-max]"
+    )
+    for column in ("batch", "method", "tok/s", "vs target", "vs assisted", "accept", "tokens/call", "c", "ideal", "of ideal", "identical rows"):
+        table.add_column(column, justify="left" if column == "method" else "right")
+
+    def fmt(value, pattern="{:.2f}"):
+        return "-" if value is None else pattern.format(value)
+
+    noisy = False
+    for row in rows:
+        if row.identical_rows is None:
+            identical = "-"
+        else:
+            identical = f"{row.identical_rows:.0%}" + (f" ({round(row.identical_rows * row.rows)}/{row.rows})" if row.rows else "")
+            if row.identical_rows < 1:
+                identical = f"[yellow]{identical}[/]"
+        speed = fmt(row.speedup_vs_target, "{:.2f}x")
+        if row.speedup_min is not None and row.repeats > 1:
+            speed += f" [dim]\\[{row.speedup_min:.2f}-{row.speedup_max:.2f}][/]"
+        of_ideal = fmt(row.ratio_to_ideal, "{:.0%}")
+        if row.noise:
+            noisy = True
+            speed = f"[yellow]noise[/] [dim]({row.speedup_vs_target:.2f}x)[/]"
+            of_ideal = f"[yellow]>100%: noise[/]"
+        method = row.method + (f" [dim]({row.note})[/]" if row.note else "")
+        table.add_row(
+            str(row.batch_size), method, fmt(row.tokens_per_s, "{:.1f}"), speed,
+            fmt(row.speedup_vs_assisted, "{:.2f}x"), fmt(row.acceptance_rate, "{:.0%}"), fmt(row.mean_accepted_length),
+            fmt(row.cost_ratio, "{:.3f}"), fmt(row.ideal_speedup, "{:.2f}x"), of_ideal, identical,
+        )
+    # Piped, the table keeps its columns readable rather than wrapping at 80.
+    (Console() if is_terminal(sys.stdout) else Console(width=240)).print(table)
+    if noisy:
+        errors.print("[yellow]A speedup above the ideal is timing noise (or a mis-measured draft cost c), not a result: "
+                     "rerun with more --repeats on a quieter machine.[/]")
+    inexact = [row for row in rows if row.identical_rows is not None and row.identical_rows < 1]
+    if inexact:
+        errors.print(
+            f"[yellow]Some rows differ from the target's own greedy output ({dtype}). In float64 that is a bug; in "
+            "float32 and half precision a (k+1)-token verification and a one-token step can round a near-tie "
+            "differently (README: \"What exact means\").[/]"
+        )
+    if out is not None:
+        out.write_text(
+            json.dumps(
+                {
+                    "config": spec.source,
+                    "prompts": str(prompts_file),
+                    "num_prompts": len(prompts),
+                    "max_new_tokens": max_new_tokens,
+                    "repeats": repeats,
+                    "interleaved": True,
+                    "dtype": dtype,
+                    "torch": torch.__version__,
+                    "threads": torch.get_num_threads(),
+                    "results": [attrs.asdict(r) for r in rows],
+                },
+                indent=2,
+            )
+        )
+        errors.print(f"[dim]results written to {out}[/]")
+    if dtype.lower() in ("float64", "double") and inexact:
+        raise typer.Exit(code=1)  # exactness is guaranteed in float64: a difference is a failure
