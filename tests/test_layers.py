@@ -17,7 +17,7 @@ LAYERS = [
     {"plugins"},
     {"config"},
     {"decoding"},
-    {"training", "whisper", "bench", "audio", "convert"},
+    {"training", "whisper", "bench", "audio", "convert", "prompts"},
     {"cli"},
 ]
 LEVEL = {part: level for level, parts in enumerate(LAYERS) for part in parts}
@@ -26,10 +26,13 @@ STRATEGIES = {"drafters", "policies", "verifiers", "observers"}
 
 
 def part_of(module: str) -> str | None:
-    """``specdec.core.cache`` -> ``core``; the package's own ``__init__`` re-exports from above it."""
+    """``specdec.core.cache`` -> ``core``; a name of the package's front door (``specdec.__version__``,
+    ``specdec.bundled_pair_path``), which re-exports from every layer, counts as the top."""
     parts = module.split(".")
     if parts[0] != "specdec" or len(parts) < 2:
         return None
+    if parts[1] not in LEVEL and not (PACKAGE / parts[1]).exists() and not (PACKAGE / f"{parts[1]}.py").exists():
+        return "cli"
     return parts[1]
 
 

@@ -273,8 +273,9 @@ class TestSharedEncoderDrafter:
     """The shared_encoder drafter checks its decoder against the target when the decoder is built."""
 
     def test_registered(self):
-        """It is a built-in drafter, registered by name."""
-        assert "shared_encoder" in get_registry().names("drafter")
+        """It is a built-in drafter, registered by name (listed as shared-encoder; shared_encoder finds it too)."""
+        assert "shared-encoder" in get_registry().names("drafter")
+        assert get_registry().get("drafter", "shared_encoder").factory is SharedEncoderDrafter
 
     def test_hidden_size_mismatch_names_both_sizes(self, target):
         """A draft narrower than the target's encoder output is refused, naming both widths."""
@@ -325,7 +326,7 @@ class TestModelDrafterEncoderDecoder:
 
     def test_decoder_only_draft_points_to_shared_encoder(self, target):
         """A decoder-only draft for an encoder-decoder target names the drafter that takes it."""
-        with pytest.raises(IncompatibleModelsError, match="shared_encoder"):
+        with pytest.raises(IncompatibleModelsError, match="shared-encoder"):
             SpeculativeDecoder(target=target, drafter=ModelDrafter(model=tiny_distil_decoder()))
 
 

@@ -8,12 +8,12 @@ errors answer without loading them (docs/cli.md has the measurements).
 from __future__ import annotations
 
 import sys
-from typing import Optional
 
 import typer
 
 from .bench import bench
 from .generate import generate
+from .models import models_app
 from .plugins import plugins
 from .policy import policy_app
 from .transcribe import transcribe_command
@@ -46,6 +46,7 @@ app.command()(plugins)
 app.command()(bench)
 app.command("transcribe")(transcribe_command)
 app.add_typer(policy_app, name="policy")
+app.add_typer(models_app, name="models")
 
 
 def main():  # pragma: no cover - console script entry

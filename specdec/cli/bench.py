@@ -103,7 +103,7 @@ def bench(
         if row.noise:
             noisy = True
             speed = f"[yellow]noise[/] [dim]({row.speedup_vs_target:.2f}x)[/]"
-            of_ideal = f"[yellow]>100%: noise[/]"
+            of_ideal = "[yellow]>100%: noise[/]"
         method = row.method + (f" [dim]({row.note})[/]" if row.note else "")
         table.add_row(
             str(row.batch_size), method, fmt(row.tokens_per_s, "{:.1f}"), speed,

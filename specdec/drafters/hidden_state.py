@@ -26,18 +26,21 @@ import copy
 import json
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import attrs
 import torch
-from transformers import AutoModel, PreTrainedModel
-from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from ..core.cached_model import CachedModel
 from ..core.components import Drafter
 from ..core.hookspecs import hookimpl
-from ..core.models import CausalLMRunner, vocab_size
 from ..core.sampling import sample
 from ..core.types import Draft
 from ..errors import ConfigError, IncompatibleModelsError
+
+if TYPE_CHECKING:  # transformers is imported when the drafter is used, not when plugins are listed
+    from transformers import PreTrainedModel
+
+    from ..core.cached_model import CachedModel
 
 FORMAT = "specdec-hidden-state-head"
 FORMAT_VERSION = "1"
@@ -86,6 +89,8 @@ class HiddenStateHead(torch.nn.Module):
     """
 
     def __init__(self, config, token_map: torch.Tensor):
+        from transformers import AutoModel
+
         super().__init__()
         self.config = config
         hidden = config.hidden_size
@@ -111,6 +116,8 @@ class HiddenStateHead(torch.nn.Module):
 
     def forward(self, inputs_embeds=None, attention_mask=None, position_ids=None, past_key_values=None,
                 use_cache=None, output_hidden_states=None, logits_to_keep: int = 0, **kwargs):
+        from transformers.modeling_outputs import CausalLMOutputWithPast
+
         out = self.decoder(inputs_embeds=self.fc(inputs_embeds), attention_mask=attention_mask,
                            position_ids=position_ids, past_key_values=past_key_values, use_cache=use_cache)
         predicted = out.last_hidden_state  # [B, n, H]
@@ -201,6 +208,8 @@ class HiddenStateDrafter(Drafter):
     _vocab: int = attrs.field(default=0, init=False, repr=False)
 
     def check_target(self, target) -> None:
+        from ..core.models import vocab_size
+
         who = f"drafter '{self.name}'"
         embedding, weight, hidden = target_parts(target, who)
         if not isinstance(self.head, HiddenStateHead):
@@ -216,6 +225,9 @@ class HiddenStateDrafter(Drafter):
         self._embedding, self._vocab = embedding, int(weight.shape[0])
 
     def begin(self, state, target) -> None:
+        from ..core.cached_model import CachedModel
+        from ..core.models import CausalLMRunner
+
         self._cached = CachedModel(CausalLMRunner(self.head))
         self._cached.begin(state)
         # Token p is read with the hidden state at p - 1: the head's sequence starts at each row's

@@ -15,20 +15,26 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import attrs
 import torch
-from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from ..core.cached_model import CachedModel
-from ..core.models import Seq2SeqRunner, check_architecture, load_pretrained, load_seq2seq, runner_for, vocab_size
+from ..core.components import Drafter
+from ..core.hookspecs import hookimpl
 from ..core.sampling import sample
 from ..core.types import Draft
 from ..errors import ConfigError, IncompatibleModelsError
-from ..core.hookspecs import hookimpl
-from ..core.components import Drafter
+
+if TYPE_CHECKING:  # transformers is imported when a drafter is used, not when plugins are listed
+    from transformers import PreTrainedModel
+
+    from ..core.cached_model import CachedModel
 
 
 def _model_or_path(instance, attribute, value):
+    from transformers import PreTrainedModel
+
     if not isinstance(value, (PreTrainedModel, str, Path)):
         raise ConfigError(
             f"drafter '{instance.name}': 'model' must be a transformers PreTrainedModel or a path, got {type(value).__name__}"
@@ -49,6 +55,10 @@ class ModelDrafter(Drafter):
     _drafts_fed: int = attrs.field(default=0, init=False, repr=False)
 
     def check_target(self, target) -> None:
+        from transformers import AutoModelForCausalLM, PreTrainedModel
+
+        from ..core.models import check_architecture, load_pretrained, load_seq2seq, runner_for
+
         who = f"drafter '{self.name}'"
         if not isinstance(self.model, PreTrainedModel):
             if target.config.is_encoder_decoder:
@@ -61,7 +71,7 @@ class ModelDrafter(Drafter):
             raise IncompatibleModelsError(
                 f"{who}: the draft and the target must both be decoder-only or both encoder-decoder "
                 f"(draft {type(self.model).__name__}, target {type(target).__name__}); for a decoder that "
-                "reads the target's encoder output use drafter 'shared_encoder'"
+                "reads the target's encoder output use drafter 'shared-encoder'"
             )
         if target.config.is_encoder_decoder:
             runner_for(self.model)  # the draft must take decoder masks and positions too
@@ -73,6 +83,8 @@ class ModelDrafter(Drafter):
                 )
 
     def _check_vocabulary(self, target) -> None:
+        from ..core.models import vocab_size
+
         draft_vocab, target_vocab = vocab_size(self.model), vocab_size(target)
         if draft_vocab != target_vocab:
             raise IncompatibleModelsError(
@@ -82,6 +94,8 @@ class ModelDrafter(Drafter):
 
     def _start_runner(self, state):
         """The runner for this request, given what it reads besides tokens (encoder inputs)."""
+        from ..core.models import Seq2SeqRunner, runner_for
+
         runner = runner_for(self.model)
         if isinstance(runner, Seq2SeqRunner) and runner.main_input_name not in state.model_inputs:
             raise ConfigError(
@@ -94,6 +108,8 @@ class ModelDrafter(Drafter):
     def begin(self, state, target) -> None:
         if self.model.device != target.device:
             self.model.to(target.device)
+        from ..core.cached_model import CachedModel
+
         self._cached = CachedModel(self._start_runner(state))
         self._cached.begin(state)
 

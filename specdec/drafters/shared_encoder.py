@@ -14,15 +14,13 @@ cross-attention keys are computed on its first forward and kept in its ``Encoder
 from __future__ import annotations
 
 import attrs
-from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from ..core.models import CausalLMRunner, encoder_hidden_size
-from ..errors import IncompatibleModelsError
 from ..core.hookspecs import hookimpl
-from .model import ModelDrafter, load_pretrained
+from ..errors import IncompatibleModelsError
+from .model import ModelDrafter
 
 
-def draft_hidden_size(model: PreTrainedModel) -> int | None:
+def draft_hidden_size(model) -> int | None:
     """The width of the draft decoder, which its cross-attention expects the encoder output to have."""
     config = model.config.get_text_config(decoder=True)
     for name in ("d_model", "hidden_size"):
@@ -40,9 +38,13 @@ class SharedEncoderDrafter(ModelDrafter):
     ``AutoModelForCausalLM`` (a Distil-Whisper checkpoint loads its decoder only).
     """
 
-    name = "shared_encoder"
+    name = "shared-encoder"
 
     def check_target(self, target) -> None:
+        from transformers import AutoModelForCausalLM, PreTrainedModel
+
+        from ..core.models import CausalLMRunner, encoder_hidden_size, load_pretrained
+
         who = f"drafter '{self.name}'"
         if not target.config.is_encoder_decoder:
             raise IncompatibleModelsError(
@@ -69,6 +71,8 @@ class SharedEncoderDrafter(ModelDrafter):
         self._check_vocabulary(target)
 
     def _start_runner(self, state):
+        from ..core.models import CausalLMRunner
+
         runner = CausalLMRunner(self.model)
         runner.begin(encoder_outputs=state.encoder_outputs)  # the target's, all rows of the request
         return runner
@@ -76,4 +80,4 @@ class SharedEncoderDrafter(ModelDrafter):
 
 @hookimpl
 def specdec_register(registry):
-    registry.register_drafter("shared_encoder", SharedEncoderDrafter)
+    registry.register_drafter("shared-encoder", SharedEncoderDrafter)
