@@ -196,6 +196,7 @@ class CostAwareLookahead(LookaheadPolicy):
     clock: Callable[[], float] = attrs.field(default=time.perf_counter, validator=_callable, repr=False)
 
     decision: Decision | None = attrs.field(default=None, init=False, repr=False)
+    requested: torch.Tensor | None = attrs.field(default=None, init=False, repr=False)  # [B] last asked per row
     _fits: dict[int, CostFit] = attrs.field(factory=dict, init=False, repr=False)
     _success: torch.Tensor | None = attrs.field(default=None, init=False, repr=False)  # [R] decayed accepted
     _failure: torch.Tensor | None = attrs.field(default=None, init=False, repr=False)  # [R] decayed rejections
@@ -283,12 +284,18 @@ class CostAwareLookahead(LookaheadPolicy):
         return Decision(k=k, best_k=best, probing=probing, batch=batch, costs=costs, goodput=gains)
 
     def lookahead(self, state) -> torch.Tensor:
+        return self.plan(state)
+
+    def plan(self, state, alpha: torch.Tensor | None = None) -> torch.Tensor:
+        """The lookahead for this iteration, from each row's acceptance ``alpha`` [B] (default: its
+        own history); other policies reuse the cost model through this."""
         rows = state.rows_host
         batch = rows.shape[0]
         budget = (state.remaining_host() - 1).clamp(min=0)  # [B] drafts each row may still make
-        self.decision = self.choose(batch, self.row_alpha(rows), budget)
+        self.decision = self.choose(batch, self.row_alpha(rows) if alpha is None else alpha, budget)
         k = self.decision.k
         requested = budget.clamp(max=k)  # [B]
+        self.requested = requested
         width = int(requested.max()) if batch else 0
         self._pending = (state.iteration, batch, width, requested, self.clock())
         return torch.full((batch,), k, dtype=torch.long)
@@ -318,3 +325,97 @@ class CostAwareLookahead(LookaheadPolicy):
 @hookimpl
 def specdec_register(registry):
     registry.register_policy("cost-aware", CostAwareLookahead)
+
+
+# --- pieces the confidence policies share ------------------------------------------------------
+
+
+@attrs.define(eq=False)
+class Calibration:
+    """An online reliability table: observed acceptance per bin of a predicted probability.
+
+    ``add`` takes per-position labels (accepted or not) on the device, without a host sync; the
+    estimate of a bin is its acceptance shrunk towards the pooled one with ``strength`` pseudo-counts.
+    Kept across requests: the pair's calibration does not change between them.
+    """
+
+    edges: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
+    strength: float = 4.0
+    prior: float = 0.5
+    accepted: torch.Tensor | None = None  # [bins] float32
+    seen: torch.Tensor | None = None  # [bins] float32
+    _edges: torch.Tensor | None = attrs.field(default=None, init=False, repr=False)
+
+    def to(self, device) -> None:
+        if self.accepted is None:
+            self.accepted = torch.zeros(len(self.edges) + 1, device=device)
+            self.seen = torch.zeros(len(self.edges) + 1, device=device)
+        else:
+            self.accepted, self.seen = self.accepted.to(device), self.seen.to(device)
+        self._edges = torch.tensor(self.edges, device=device)
+
+    def bins(self, predicted: torch.Tensor) -> torch.Tensor:
+        return torch.bucketize(predicted.float().nan_to_num(1.0).contiguous(), self._edges, right=True)
+
+    def pooled(self) -> torch.Tensor:  # 0-dim
+        return (self.accepted.sum() + self.strength * self.prior) / (self.seen.sum() + self.strength)
+
+    def estimate(self, predicted: torch.Tensor) -> torch.Tensor:
+        """Observed acceptance of ``predicted``'s bins, same shape, float32."""
+        index = self.bins(predicted)
+        return ((self.accepted + self.strength * self.pooled()) / (self.seen + self.strength))[index]
+
+    def add(self, predicted: torch.Tensor, accepted: torch.Tensor, seen: torch.Tensor) -> None:
+        """``accepted`` / ``seen`` (bool, shape of ``predicted``): was the position accepted / looked at."""
+        index = self.bins(predicted)[seen]
+        self.accepted.index_add_(0, index, accepted[seen].float())
+        self.seen.index_add_(0, index, torch.ones_like(index, dtype=torch.float32))
+
+
+@attrs.define(eq=False)
+class DraftTimer:
+    """Iteration time against the draft's actual width, for policies that stop drafts mid-way, and
+    the rule they stop by: draft one more column for the whole batch while the tokens it is
+    expected to add are worth its measured time (the verify pays for the widest row, so a row
+    that stops alone saves nothing)."""
+
+    clock: Callable[[], float] = time.perf_counter
+    decay: float = 0.98
+    _fits: dict[int, CostFit] = attrs.field(factory=dict)
+    _started: tuple | None = None
+
+    def start(self, state) -> None:
+        self._started = (state.iteration, state.active, self.clock())
+
+    def stop(self, step) -> None:
+        now = self.clock()
+        if self._started is None:
+            return
+        iteration, batch, started = self._started
+        self._started = None
+        if iteration > 0:
+            fit = self._fits.setdefault(bucket_of(batch), CostFit(log_batch=math.log2(batch)))
+            fit.add(step.draft.width, now - started, self.decay)
+
+    def line(self, batch: int) -> tuple[float, float] | None:
+        """(T at width w, marginal seconds per column) as ``(a, b)`` of a + b w for w >= 1."""
+        fit = self._fits.get(bucket_of(batch))
+        if fit is None:
+            return None
+        costs = fit.costs([1, 2])
+        return None if costs is None else (costs[1] - (costs[2] - costs[1]), costs[2] - costs[1])
+
+    def keep_drafting(self, batch: int, width: int, reach: torch.Tensor, gained: torch.Tensor,
+                      next_alpha: torch.Tensor) -> torch.Tensor:
+        """[B] bool, every row alike: draft column ``width + 1``? ``reach`` [B] is P(every draft so
+        far is accepted), ``gained`` [B] the expected drafts kept so far, ``next_alpha`` [B] the
+        acceptance expected of the next token. No fit yet: keep drafting (the cap stops it)."""
+        line = self.line(batch)
+        if line is None:
+            return torch.ones_like(reach, dtype=torch.bool)
+        a, b = line
+        now = a + b * width  # seconds of an iteration this wide
+        tokens = reach.shape[0] + gained.sum()  # expected committed tokens so far (1 per row + kept drafts)
+        more = (reach * next_alpha).sum()
+        # (tokens + more) / (now + b) >= tokens / now, on the device: no sync here.
+        return ((tokens + more) * now >= tokens * (now + b)).expand(reach.shape[0])
