@@ -6,8 +6,10 @@ forward passes and no host syncs of its own:
 * **Cost.** The wall time of an iteration, from the end of ``lookahead`` to ``on_step`` (which runs
   after the loop's one per-iteration sync, so on a GPU it includes the device work), is recorded
   against the batch size B and the lookahead k the loop asked for. Per batch-size bucket the policy
-  fits ``T(B, k) = a_B + b_B k`` by recency-weighted least squares (every observation's weight
-  decays by ``decay`` per newer observation in its bucket). The first iteration of a request (it
+  fits ``T(B, k) = a_B + b_B k`` on k >= 1 by recency-weighted least squares (every observation's
+  weight decays by ``decay`` per newer observation in its bucket); T(B, 0), a plain target step, is
+  its own measured mean, because drafting at all has a fixed price (the drafter's call and its
+  catch-up, the wider verify) that a line through k = 0 would smear over every k. The first iteration of a request (it
   includes the prompt's prefill) is not recorded. A bucket with too little data borrows the
   relative slope ``b / a`` of the nearest bucket that has a fit (the choice depends only on it).
 * **Acceptance.** Each row's per-position acceptance alpha is estimated from what it drafted and

@@ -6,6 +6,10 @@ verification (``Step.target_probs_host``, copied to the host in the loop's one s
 plain target step (k = 0); otherwise it drafts ``k`` tokens. A row that was never verified drafts.
 With ``draft_threshold`` set, drafting also stops after a draft token the draft itself was unsure
 of, as ``draft-confidence`` does.
+
+``threshold = "auto"``: no fixed cut. The acceptance that follows each bin of the target's
+confidence is measured online (truncation-aware, as ``cost-aware`` counts it) and handed to the
+``cost-aware`` planner as the rows' alpha; it picks k (0 included) from measured iteration times.
 """
 
 from __future__ import annotations
@@ -68,12 +72,11 @@ class TargetConfidenceLookahead(LookaheadPolicy):
             if bool(asked.any()):
                 # Truncation-aware, like cost-aware: one success per accepted draft, one failure if
                 # the row got fewer than it asked for.
-                accepted = step.accepted_host
-                confidence = self._asked[asked]
-                for count, failed in ((accepted[asked], accepted[asked] < requested[asked]),):
-                    index = self._calibration.bins(confidence)
-                    self._calibration.accepted.index_add_(0, index, count.float())
-                    self._calibration.seen.index_add_(0, index, count.float() + failed.float())
+                accepted = step.accepted_host[asked].float()
+                failed = (step.accepted_host[asked] < requested[asked]).float()
+                index = self._calibration.bins(self._asked[asked])
+                self._calibration.accepted.index_add_(0, index, accepted)
+                self._calibration.seen.index_add_(0, index, accepted + failed)
         if step.target_probs_host is not None:
             self._confidence[step.rows_host] = step.target_probs_host.float()
 
