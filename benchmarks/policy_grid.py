@@ -118,16 +118,24 @@ def main():
                                 stats[name] = dict(k_mean=drafted / steps, accept=accepted / drafted if drafted else 0.0,
                                                    tau=sum(o.stats.new_tokens for o in outs) / steps)
                 rates = {name: statistics.median(n / t for n, t in zip(tokens[name], times[name])) for name in methods}
+                # Paired: each pass's rate over the target's rate in the same pass, then the median,
+                # so that load drift between passes cancels.
+                paired = {name: statistics.median((n / t) / (bn / bt) for n, t, bn, bt in
+                                                  zip(tokens[name], times[name], tokens["target alone"], times["target alone"]))
+                          for name in methods}
                 base = rates["target alone"]
                 constants = [n for n in methods if n.startswith("constant")]
                 best_constant = max(constants, key=rates.get) if constants else "cost-aware"
                 cell = dict(mode=mode, drafter=drafter_name, batch=batch_size, load_before=load,
                             load_after=open("/proc/loadavg").read().split()[0],
-                            rates=rates, speedup={n: rates[n] / base for n in methods}, best_constant=best_constant,
+                            rates=rates, speedup={n: rates[n] / base for n in methods}, paired=paired,
+                            best_constant=best_constant,
                             cost_aware_vs_best=rates["cost-aware"] / rates[best_constant],
+                            paired_vs_best=paired["cost-aware"] / max(paired[n] for n in methods if n.startswith("constant"))
+                            if any(n.startswith("constant") for n in methods) else None,
                             stats=stats, exact=exact)
                 results.append(cell)
-                print(json.dumps({k: v for k, v in cell.items() if k not in ("rates", "stats")}), flush=True)
+                print(json.dumps({k: v for k, v in cell.items() if k not in ("rates", "stats", "speedup")}), flush=True)
                 Path(args.out).write_text(json.dumps(results, indent=1))
 
 

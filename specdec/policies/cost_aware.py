@@ -223,9 +223,9 @@ class CostAwareLookahead(LookaheadPolicy):
         return ((success + strength * pooled) / (success + failure + strength)).clamp(1e-6, 1 - 1e-6)
 
     def cost_model(self, batch: int) -> dict[int, float] | None:
-        """k -> predicted seconds of an iteration of ``batch`` rows (k = 0 and min_k..max_k), from
+        """k -> predicted seconds of an iteration of ``batch`` rows (k = 0..max_k), from
         this bucket's fit, or the nearest fitted bucket's scaled to this one's own point if it has one."""
-        ks = [0, *range(self.min_k, self.max_k + 1)]
+        ks = list(range(self.max_k + 1))  # every width a capped row may end at
         fit = self._fits.get(bucket_of(batch))
         costs = fit.costs(ks) if fit is not None else None
         if costs is not None:
@@ -244,13 +244,14 @@ class CostAwareLookahead(LookaheadPolicy):
         return costs
 
     def goodput(self, alpha: torch.Tensor, budget: torch.Tensor, costs: dict[int, float]) -> dict[int, float]:
-        """k -> expected committed tokens per second for the batch."""
-        out = {}
-        for k, seconds in costs.items():
-            drafts = budget.clamp(max=k)
-            width = int(drafts.max()) if drafts.numel() else 0
-            out[k] = float(expected_tokens(alpha, drafts).sum()) / costs[width] if width in costs else 0.0
-        return out
+        """k -> expected committed tokens per second for the batch (all k at once: a few tensor ops)."""
+        ks = [0, *range(self.min_k, self.max_k + 1)]
+        k = torch.tensor(ks, dtype=torch.float64)  # [K]
+        drafts = torch.minimum(budget.to(torch.float64)[:, None], k[None, :])  # [B, K]
+        width = drafts.amax(0).long() if drafts.shape[0] else torch.zeros(len(ks), dtype=torch.long)  # [K]
+        seconds = torch.tensor([costs[w] for w in range(self.max_k + 1)], dtype=torch.float64)[width]  # [K]
+        tokens = expected_tokens(alpha.to(torch.float64)[:, None], drafts).sum(0)  # [K]
+        return dict(zip(ks, (tokens / seconds).tolist()))
 
     # --- the hooks -------------------------------------------------------------------------------
 
