@@ -106,6 +106,28 @@ class TestCostModel:
         assert fit.mean[2] == pytest.approx((0.5 * 10 + 1 * 20) / 1.5)
         assert fit.weight[2] == pytest.approx(1.5)
 
+    def test_a_common_slowdown_moves_the_load_not_the_shape(self):
+        fit = CostFit(log_batch=0.0)
+        for _ in range(20):
+            for k, seconds in [(0, 8.0), (1, 12.0), (3, 16.0)]:
+                fit.add(k, seconds, decay=0.98, load_rate=0.2)
+        before = fit.costs([0, 1, 3])
+        for _ in range(30):  # the machine gets twice as slow; only k = 3 is being run
+            fit.add(3, 32.0, decay=0.98, load_rate=0.2)
+        fit.add(0, 16.0, decay=0.98, load_rate=0.2)  # a probe, at the same slowdown
+        after = fit.costs([0, 1, 3])
+        assert fit.load > 1.5  # most of the slowdown went to the load ...
+        assert after[0] / after[3] == pytest.approx(before[0] / before[3], rel=0.2)  # ... not the shape
+        untracked = CostFit(log_batch=0.0)
+        for _ in range(20):
+            for k, seconds in [(0, 8.0), (1, 12.0), (3, 16.0)]:
+                untracked.add(k, seconds, decay=0.98)
+        for _ in range(30):
+            untracked.add(3, 32.0, decay=0.98)
+        untracked.add(0, 16.0, decay=0.98)
+        skewed = untracked.costs([0, 3])
+        assert abs(skewed[0] / skewed[3] - 0.5) > 2 * abs(after[0] / after[3] - 0.5)
+
     def test_buckets(self):
         assert [bucket_of(b) for b in (1, 2, 3, 4)] == [1, 2, 3, 4]
         assert bucket_of(16) == bucket_of(15) != bucket_of(8)
@@ -218,6 +240,7 @@ class TestOptions:
             ({"min_k": 0}, "min_k"),
             ({"max_k": 2, "initial_k": 4}, "initial_k"),
             ({"decay": 0}, "decay"),
+            ({"load_rate": -0.5}, "load_rate"),
             ({"alpha_decay": 1.5}, "alpha_decay"),
             ({"prior_alpha": 1.0}, "prior_alpha"),
             ({"prior_strength": -1}, "prior_strength"),

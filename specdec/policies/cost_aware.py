@@ -110,9 +110,22 @@ class CostFit:
 
     log_batch: float
     weight: dict[int, float] = attrs.field(factory=dict)  # k -> sum of decayed weights
-    mean: dict[int, float] = attrs.field(factory=dict)  # k -> weighted mean seconds
+    mean: dict[int, float] = attrs.field(factory=dict)  # k -> weighted mean seconds (at load 1)
+    load: float = 1.0  # how much slower than the cells every iteration runs now (shared machines)
 
-    def add(self, k: int, seconds: float, decay: float) -> None:
+    def add(self, k: int, seconds: float, decay: float, load_rate: float = 0.0) -> None:
+        """Record an iteration of lookahead ``k`` that took ``seconds``.
+
+        With ``load_rate`` > 0, a slowdown common to every k (another process on the cores, a
+        clock change) is tracked apart from the cells: the load moves by ``load_rate`` towards the
+        ratio of this time to the cells' prediction for k, and the cell records the time divided by
+        it. Cells of different k are then comparable though measured at different moments (k = 0
+        is mostly seen in probes)."""
+        if load_rate > 0:
+            predicted = self.costs([k])
+            if predicted is not None and predicted[k] > 0:
+                self.load += load_rate * (seconds / predicted[k] - self.load)
+            seconds = seconds / self.load
         for key in self.weight:
             self.weight[key] *= decay
         w = self.weight.get(k, 0.0)
@@ -192,6 +205,7 @@ class CostAwareLookahead(LookaheadPolicy):
     initial_k: int | None = attrs.field(default=None, validator=_initial_k)  # None: 4, within [min_k, max_k]
     probe_rate: float = attrs.field(default=1 / 32, validator=_fraction(low_open=False))
     decay: float = attrs.field(default=0.98, validator=_fraction(low_open=True))
+    load_rate: float = attrs.field(default=0.1, validator=_fraction(low_open=False))
     alpha_decay: float = attrs.field(default=0.9, validator=_fraction(low_open=True))
     prior_alpha: float = attrs.field(default=0.5, validator=_open_probability)
     prior_strength: float = attrs.field(default=4.0, validator=_non_negative_number)
@@ -311,7 +325,7 @@ class CostAwareLookahead(LookaheadPolicy):
         self._pending = None
         if iteration > 0:  # the first iteration of a request also reads the prompt
             fit = self._fits.setdefault(bucket_of(batch), CostFit(log_batch=math.log2(batch)))
-            fit.add(width, now - started, self.decay)
+            fit.add(width, now - started, self.decay, self.load_rate)
         # Acceptance, counted against what each row was asked for (truncation-aware).
         asked = requested > 0
         if bool(asked.any()):
@@ -384,11 +398,14 @@ class DraftTimer:
 
     clock: Callable[[], float] = time.perf_counter
     decay: float = 0.98
+    explore: tuple[int, ...] = (2, 5)  # widths tried in turn while a batch size has no fit
     _fits: dict[int, CostFit] = attrs.field(factory=dict)
     _started: tuple | None = None
+    _explored: int = 0
 
     def start(self, state) -> None:
         self._started = (state.iteration, state.active, self.clock())
+        self._explored += 1
 
     def stop(self, step) -> None:
         now = self.clock()
@@ -412,10 +429,11 @@ class DraftTimer:
                       next_alpha: torch.Tensor) -> torch.Tensor:
         """[B] bool, every row alike: draft column ``width + 1``? ``reach`` [B] is P(every draft so
         far is accepted), ``gained`` [B] the expected drafts kept so far, ``next_alpha`` [B] the
-        acceptance expected of the next token. No fit yet: keep drafting (the cap stops it)."""
+        acceptance expected of the next token. No fit yet: draft to the widths of ``explore`` in turn."""
         line = self.line(batch)
         if line is None:
-            return torch.ones_like(reach, dtype=torch.bool)
+            wanted = self.explore[self._explored % len(self.explore)]
+            return torch.full_like(reach, width < wanted, dtype=torch.bool)
         a, b = line
         now = a + b * width  # seconds of an iteration this wide
         tokens = reach.shape[0] + gained.sum()  # expected committed tokens so far (1 per row + kept drafts)
