@@ -205,6 +205,20 @@ class TestAcceptance:
         assert policy._failure.tolist() == [1.0]
 
 
+    def test_a_row_that_stopped_drafting_drifts_back_to_the_pooled_estimate(self):
+        policy = CostAwareLookahead(clock=lambda: 0.0, probe_rate=0.0)
+        state = fake_state(1)
+        policy.begin(state, None)
+        policy._failure[0] = 5.0  # a bad patch
+        low = float(policy.row_alpha(torch.tensor([0]))[0])
+        fed(policy, 1, {0: 1.0, 1: 100.0, 4: 400.0})  # drafting is far too dear: k = 0 steps
+        for _ in range(40):
+            assert int(policy.lookahead(state)[0]) == 0
+            policy.on_step(state, step_of([0], [0], [0]))
+        assert float(policy.row_alpha(torch.tensor([0]))[0]) > low + 0.2
+        assert float(policy.row_alpha(torch.tensor([0]))[0]) == pytest.approx(policy.pooled_alpha(), abs=0.05)
+
+
 class TestProbing:
     """A share ``probe_rate`` of decisions tries another k, deterministically."""
 

@@ -326,14 +326,18 @@ class CostAwareLookahead(LookaheadPolicy):
         if iteration > 0:  # the first iteration of a request also reads the prompt
             fit = self._fits.setdefault(bucket_of(batch), CostFit(log_batch=math.log2(batch)))
             fit.add(width, now - started, self.decay, self.load_rate)
-        # Acceptance, counted against what each row was asked for (truncation-aware).
+        # Acceptance, counted against what each row was asked for (truncation-aware). Every row's
+        # evidence ages each step, drafting or not, so a row that stopped drafting after a bad
+        # patch drifts back to the pooled estimate instead of staying at k = 0 until a probe.
+        self._success[step.rows_host] *= self.alpha_decay
+        self._failure[step.rows_host] *= self.alpha_decay
         asked = requested > 0
         if bool(asked.any()):
             rows = step.rows_host[asked]
             accepted = step.accepted_host[asked].to(torch.float64)
             rejected = (step.accepted_host[asked] < requested[asked]).to(torch.float64)
-            self._success[rows] = self._success[rows] * self.alpha_decay + accepted
-            self._failure[rows] = self._failure[rows] * self.alpha_decay + rejected
+            self._success[rows] += accepted
+            self._failure[rows] += rejected
             pool_decay = self.alpha_decay ** (1 / 16)  # the pooled estimate moves slower than a row's
             self._pool[0] = self._pool[0] * pool_decay + float(accepted.mean())
             self._pool[1] = self._pool[1] * pool_decay + float(rejected.mean())
