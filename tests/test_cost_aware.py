@@ -176,6 +176,8 @@ class TestChoice:
         fed(policy, 16, {2: 40.0}, repeats=1)  # one own point: the neighbour's shape, scaled through it
         costs = policy.cost_model(16)
         assert costs[2] == pytest.approx(40.0) and costs[0] == pytest.approx(40.0 * 10 / 12)
+        # ... but the choice measures this batch size's own plain step before trusting that shape.
+        assert policy.choose(16, torch.full((16,), 0.9), torch.full((16,), 100)).k == 0
 
 
 class TestAcceptance:

@@ -276,9 +276,13 @@ class CostAwareLookahead(LookaheadPolicy):
 
     def choose(self, batch: int, alpha: torch.Tensor, budget: torch.Tensor) -> Decision:
         """The k for this iteration; ``budget`` [B] is how many drafts each row may still make."""
+        fit = self._fits.get(bucket_of(batch))
+        own = fit is not None and fit.costs([0]) is not None
         costs = self.cost_model(batch)
-        if costs is None:  # explore: the initial k, then k = 0, until the bucket has a line
-            fit = self._fits.get(bucket_of(batch))
+        if costs is None or (not own and fit is not None and fit.single() is not None and fit.single()[0] > 0):
+            # Explore: the initial k (or what a neighbouring batch size's fit suggests), then one
+            # plain step, so that every batch size measures its own shape; a neighbour's can be
+            # far off (on a CPU a batch of 16 pays for drafting much more than a batch of 4).
             single = fit.single() if fit is not None else None
             initial = self.initial_k if self.initial_k is not None else min(max(4, self.min_k), self.max_k)
             k = 0 if single is not None and single[0] > 0 else initial
