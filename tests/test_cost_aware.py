@@ -27,13 +27,14 @@ NEW_TOKENS = 24
 
 
 class Ticks:
-    """A fake clock: every call advances time by ``cost(k)`` for the k the policy chose last, so the
-    time from a lookahead to its on_step is exactly ``cost(k)``."""
+    """A fake clock read once per lookahead, before the choice: each call advances time by
+    ``cost(k)`` for the k chosen last, so an iteration of lookahead k lasts exactly ``cost(k)``."""
 
     def __init__(self, cost):
         self.cost, self.now, self.policy = cost, 0.0, None
 
     def __call__(self) -> float:
+        # Read at the start of a lookahead: the iteration that just ended had the last decision's k.
         decision = self.policy.decision if self.policy is not None else None
         self.now += self.cost(decision.k if decision is not None else 0)
         return self.now
@@ -178,6 +179,40 @@ class TestChoice:
         assert costs[2] == pytest.approx(40.0) and costs[0] == pytest.approx(40.0 * 10 / 12)
         # ... but the choice measures this batch size's own plain step before trusting that shape.
         assert policy.choose(16, torch.full((16,), 0.9), torch.full((16,), 100)).k == 0
+
+
+class TestTiming:
+    """An iteration is timed from its lookahead to the next one, with no clock read elsewhere."""
+
+    def test_period_includes_work_after_on_step_and_skips_the_prompt_iteration(self):
+        now = [0.0]
+        policy = CostAwareLookahead(clock=lambda: now[0], load_rate=0.0)
+        state = fake_state(1)
+        policy.begin(state, None)
+        for iteration, (before, after) in enumerate([(5.0, 1.0), (2.0, 0.5), (2.0, 0.5)]):
+            state.iteration = iteration
+            policy.lookahead(state)  # k = initial (4) while exploring
+            now[0] += before  # draft + verify + sync
+            policy.on_step(state, step_of([0], [4], [4]))
+            now[0] += after  # the drafter's bookkeeping after on_step, rows leaving the batch
+        state.iteration = 3
+        policy.lookahead(state)
+        fit = policy._fits[1]
+        # iteration 0 (prompt) not recorded; 1 and 2 were k = 4 then k = 0 (exploration), 2.5 s each
+        assert {k: fit.mean[k] for k in fit.mean} == pytest.approx({4: 2.5, 0: 2.5})
+
+    def test_a_new_request_does_not_time_across_the_gap(self):
+        now = [0.0]
+        policy = CostAwareLookahead(clock=lambda: now[0])
+        state = fake_state(1)
+        policy.begin(state, None)
+        state.iteration = 5
+        policy.lookahead(state)
+        now[0] += 100.0
+        policy.begin(state, None)
+        state.iteration = 0
+        policy.lookahead(state)
+        assert not policy._fits
 
 
 class TestAcceptance:

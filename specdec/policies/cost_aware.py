@@ -3,9 +3,10 @@
 Goodput-driven speculation (SmartSpec, Liu et al. 2024), measured while decoding, with no extra
 forward passes and no host syncs of its own:
 
-* **Cost.** The wall time of an iteration, from the end of ``lookahead`` to ``on_step`` (which runs
-  after the loop's one per-iteration sync, so on a GPU it includes the device work), is recorded
-  against the batch size B and the lookahead k the loop asked for. Per batch-size bucket the policy
+* **Cost.** The wall time of an iteration, from its ``lookahead`` to the next one (spanning the
+  loop's one per-iteration sync, so on a GPU it includes the device work, and the drafter's cache
+  bookkeeping that runs after ``on_step``), is recorded against the batch size B and the
+  lookahead k the loop asked for. Per batch-size bucket the policy
   fits ``T(B, k) = a_B + b_B k`` on k >= 1 by recency-weighted least squares (every observation's
   weight decays by ``decay`` per newer observation in its bucket); T(B, 0), a plain target step, is
   its own measured mean, because drafting at all has a fixed price (the drafter's call and its
@@ -273,6 +274,7 @@ class CostAwareLookahead(LookaheadPolicy):
         self._success = torch.zeros(state.batch_size, dtype=torch.float64)
         self._failure = torch.zeros(state.batch_size, dtype=torch.float64)
         self._pending = None
+        self.requested = None
 
     def choose(self, batch: int, alpha: torch.Tensor, budget: torch.Tensor) -> Decision:
         """The k for this iteration; ``budget`` [B] is how many drafts each row may still make."""
@@ -310,6 +312,8 @@ class CostAwareLookahead(LookaheadPolicy):
     def plan(self, state, alpha: torch.Tensor | None = None) -> torch.Tensor:
         """The lookahead for this iteration, from each row's acceptance ``alpha`` [B] (default: its
         own history); other policies reuse the cost model through this."""
+        now = self.clock()
+        self._record(state.iteration, now)  # the previous iteration ends here
         rows = state.rows_host
         batch = rows.shape[0]
         budget = (state.remaining_host() - 1).clamp(min=0)  # [B] drafts each row may still make
@@ -318,18 +322,26 @@ class CostAwareLookahead(LookaheadPolicy):
         requested = budget.clamp(max=k)  # [B]
         self.requested = requested
         width = int(requested.max()) if batch else 0
-        self._pending = (state.iteration, batch, width, requested, self.clock())
+        self._pending = (state.iteration, batch, width, now)
         return torch.full((batch,), k, dtype=torch.long)
 
-    def on_step(self, state, step) -> None:
-        now = self.clock()
+    def _record(self, iteration: int, now: float) -> None:
+        """The previous iteration took from its lookahead to this one: everything it caused
+        (the draft, the verify and the loop's sync, the drafter's cache bookkeeping after
+        ``on_step``, rows leaving the batch) is inside. Not recorded: the first iteration of a
+        request (it also reads the prompt) and the last (no lookahead follows it)."""
         if self._pending is None:
             return
-        iteration, batch, width, requested, started = self._pending
+        previous, batch, width, started = self._pending
         self._pending = None
-        if iteration > 0:  # the first iteration of a request also reads the prompt
+        if previous > 0 and iteration == previous + 1:
             fit = self._fits.setdefault(bucket_of(batch), CostFit(log_batch=math.log2(batch)))
             fit.add(width, now - started, self.decay, self.load_rate)
+
+    def on_step(self, state, step) -> None:
+        requested = self.requested
+        if requested is None or requested.shape[0] != step.rows_host.shape[0]:
+            return
         # Acceptance, counted against what each row was asked for (truncation-aware). Every row's
         # evidence ages each step, drafting or not, so a row that stopped drafting after a bad
         # patch drifts back to the pooled estimate instead of staying at k = 0 until a probe.
