@@ -151,3 +151,59 @@ class TestTargetConfidence:
                     drafting += 1
                 last[row] = float(step.target_probs_host[b])
         assert plain > 0 and drafting > 0
+
+
+class TestAutoThresholds:
+    """``threshold = "auto"``: decisions from online calibration and measured cost, output still greedy."""
+
+    @pytest.mark.parametrize("make", [
+        lambda: DraftConfidenceLookahead(threshold="auto", max_tokens=6),
+        lambda: TargetConfidenceLookahead(threshold="auto", k=4),
+    ])
+    def test_in_the_loop_output_is_greedy_and_calibration_learns(self, target, draft_model, make):
+        policy = make()
+        # One request: on tiny models, real timings may (rightly) stop drafting altogether after it.
+        out, expected, steps = run(target, draft_model, policy)
+        assert torch.equal(out.sequences, expected)
+        calibration = policy._stop.calibration if hasattr(policy, "_stop") and policy._stop else policy._calibration
+        assert float(calibration.seen.sum()) > 0
+        assert 0 < float(calibration.pooled()) < 1
+
+    def test_auto_draft_confidence_stops_the_whole_batch_together(self, target, draft_model):
+        policy = DraftConfidenceLookahead(threshold="auto", max_tokens=6)
+        run(target, draft_model, policy)
+        out, expected, steps = run(target, draft_model, policy)
+        for step in steps:  # every row drafts the same width unless capped by its budget
+            drafted = step.drafted_host[step.drafted_host > 0]
+            if drafted.numel() > 1 and int(step.draft.width) < 6:
+                assert int(drafted.min()) >= 1
+
+    def test_calibration_table(self):
+        from specdec.policies.cost_aware import Calibration
+
+        calibration = Calibration(edges=(0.5,), strength=0.0)
+        calibration.to("cpu")
+        predicted = torch.tensor([[0.1, 0.9, 0.9], [0.2, 0.8, 0.3]])
+        accepted = torch.tensor([[True, True, False], [False, False, False]])
+        seen = torch.tensor([[True, True, True], [True, False, False]])
+        calibration.add(predicted, accepted, seen)
+        assert calibration.estimate(torch.tensor([0.0, 0.99])).tolist() == pytest.approx([0.5, 0.5])
+        calibration.add(torch.tensor([0.9]), torch.tensor([True]), torch.tensor([True]))
+        assert calibration.estimate(torch.tensor([0.7])).tolist() == pytest.approx([2 / 3])
+
+    def test_keep_drafting_rule(self):
+        from specdec.policies.cost_aware import CostFit, DraftTimer
+
+        timer = DraftTimer()
+        fit = timer._fits.setdefault(1, CostFit(log_batch=0.0))
+        for k, seconds in [(1, 11.0), (2, 12.0), (3, 13.0)]:
+            fit.add(k, seconds, 1.0)  # T = 10 + w
+        reach, gained = torch.tensor([0.9]), torch.tensor([0.9])
+        # one more column adds 0.9 * alpha tokens for 1 s on top of 11 s holding 1.9 tokens
+        assert bool(timer.keep_drafting(1, 1, reach, gained, torch.tensor([0.5]))[0])  # 0.45/1 >= 1.9/11
+        assert not bool(timer.keep_drafting(1, 1, reach, gained, torch.tensor([0.1]))[0])  # 0.09 < 0.17
+
+    @pytest.mark.parametrize("name", ["draft-confidence", "target-confidence"])
+    def test_other_strings_are_config_errors(self, name):
+        with pytest.raises(ConfigError, match="threshold"):
+            get_registry().create("policy", name, {"threshold": "automatic"})

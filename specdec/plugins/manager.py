@@ -25,6 +25,7 @@ DEFAULT_PLUGINS = (
     "specdec.drafters.ngram",
     "specdec.drafters.shared_encoder",
     "specdec.policies.constant",
+    "specdec.policies.cost_aware",
     "specdec.policies.heuristic",
     "specdec.policies.draft_confidence",
     "specdec.policies.target_confidence",

@@ -3,6 +3,7 @@
 from ..core.components import LookaheadPolicy
 from .classifier import ClassifierLookahead
 from .constant import ConstantLookahead
+from .cost_aware import CostAwareLookahead
 from .draft_confidence import DraftConfidenceLookahead
 from .heuristic import HeuristicLookahead
 from .target_confidence import TargetConfidenceLookahead
@@ -10,6 +11,7 @@ from .target_confidence import TargetConfidenceLookahead
 __all__ = [
     "ClassifierLookahead",
     "ConstantLookahead",
+    "CostAwareLookahead",
     "DraftConfidenceLookahead",
     "HeuristicLookahead",
     "LookaheadPolicy",

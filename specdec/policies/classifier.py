@@ -32,7 +32,7 @@ import torch
 from ..errors import ConfigError
 from ..core.hookspecs import hookimpl
 from ..core.components import LookaheadPolicy
-from .draft_confidence import at_least_one, probability
+from .draft_confidence import AUTO, CostStop, at_least_one, probability
 
 FEATURES = ("token_prob", "entropy", "position", "target_confidence")
 FORMAT = "specdec-classifier"
@@ -216,13 +216,16 @@ class ClassifierLookahead(LookaheadPolicy):
 
     name = "classifier"
     stops_early = True
+    allows_auto = True
 
     weights: str | Path | StopClassifier = attrs.field(validator=_weights)
-    threshold: float = attrs.field(default=0.5, validator=probability)
+    threshold: float | str = attrs.field(default=0.5, validator=probability)
     max_tokens: int = attrs.field(default=20, validator=at_least_one)
     _model: StopClassifier = attrs.field(init=False, repr=False)
     _confidence: torch.Tensor | None = attrs.field(default=None, init=False, repr=False)
     _confidence_now: torch.Tensor | None = attrs.field(default=None, init=False, repr=False)
+    _stop: CostStop | None = attrs.field(default=None, init=False, repr=False)
+    _predicted: list = attrs.field(factory=list, init=False, repr=False)
 
     def __attrs_post_init__(self):
         model = self.weights if isinstance(self.weights, StopClassifier) else StopClassifier.load(self.weights)
@@ -231,16 +234,29 @@ class ClassifierLookahead(LookaheadPolicy):
     def begin(self, state, target) -> None:
         self._model = self._model.to(state.device)
         self._confidence = torch.full((state.batch_size,), UNVERIFIED_CONFIDENCE)  # [R] CPU, by original row
+        if self.threshold == AUTO:
+            if self._stop is None:
+                self._stop = CostStop()
+            self._stop.begin(state)
 
     def lookahead(self, state) -> torch.Tensor:
         self._confidence_now = self._confidence[state.rows_host].to(state.device, non_blocking=True)  # [B]
+        self._predicted = []
+        if self._stop is not None:
+            self._stop.lookahead(state)
         return torch.full((state.active,), self.max_tokens, dtype=torch.long)
 
     def continue_drafting(self, state, position, tokens, token_probs, probs) -> torch.Tensor:
         features = draft_features(position, token_probs, probs, self._confidence_now)  # [B, F]
-        return self._model.accept_probability(features) >= self.threshold  # [B]
+        predicted = self._model.accept_probability(features)  # [B]
+        if self._stop is None:
+            return predicted >= self.threshold
+        self._predicted.append(predicted)
+        return self._stop.keep(state, position, predicted)
 
     def on_step(self, state, step) -> None:
+        if self._stop is not None:  # positions the classifier judged (all but each draft's last)
+            self._stop.on_step(step, torch.stack(self._predicted, dim=1) if self._predicted else None)
         if step.target_probs_host is not None:
             self._confidence[step.rows_host] = step.target_probs_host.float()
 

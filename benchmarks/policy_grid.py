@@ -1,0 +1,143 @@
+"""Cost-aware against every constant k, per cell (batch size x greedy/sampled x drafter).
+
+For each cell: the target alone, ``constant`` at each k of ``--ks`` and ``cost-aware``, timed in
+interleaved passes (pass r runs every method once, in turn, so load drift on a shared machine hits
+all of them alike); medians of ``--repeats`` passes after ``--warmup``. The cost-aware decoder of a
+(mode, drafter) is one instance across batch sizes, as it would be in a server: it keeps what it
+measured. Greedy outputs are checked against the target's.
+
+    OMP_NUM_THREADS=1 python benchmarks/policy_grid.py --out grid.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from specdec import SpeculativeDecoder
+from specdec.config import SpecdecConfig
+from specdec.drafters import ModelDrafter, NGramDrafter
+from specdec.policies import ConstantLookahead, CostAwareLookahead
+from specdec.verifiers import GreedyVerifier, RejectionVerifier
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--batch-sizes", default="1,4,16")
+    parser.add_argument("--modes", default="greedy,sampled")
+    parser.add_argument("--drafters", default="model,ngram")
+    parser.add_argument("--ks", default="1,2,3,4,5,6")
+    parser.add_argument("--num-prompts", type=int, default=16)
+    parser.add_argument("--batch1-prompts", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--confidence", action="store_true",
+                        help="also time draft-/target-confidence and the classifier, fixed thresholds and 'auto'")
+    parser.add_argument("--no-constant", action="store_true", help="skip the constant-k sweep")
+    parser.add_argument("--out", default="policy-grid.json")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    config = SpecdecConfig.from_toml(ROOT / "plugins.toml")
+    target, tokenizer = config.load_target()
+    from transformers import AutoModelForCausalLM
+
+    draft = AutoModelForCausalLM.from_pretrained(ROOT / "models/python-pair/draft")
+    prompts = [json.loads(line)["prompt"] for line in open(ROOT / "models/python-pair/prompts.jsonl")]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    ks = [int(k) for k in args.ks.split(",")]
+    results = []
+    for mode in args.modes.split(","):
+        sampling = dict(do_sample=True, temperature=0.7, top_p=0.9) if mode == "sampled" else dict(do_sample=False)
+        for drafter_name in args.drafters.split(","):
+            def make(policy):
+                drafter = ModelDrafter(draft) if drafter_name == "model" else NGramDrafter(max_ngram=3)
+                verifier = RejectionVerifier() if mode == "sampled" else GreedyVerifier()
+                return SpeculativeDecoder(target=target, drafter=drafter, policy=policy, verifier=verifier)
+
+            decoders = {} if args.no_constant else {f"constant k={k}": make(ConstantLookahead(k=k)) for k in ks}
+            decoders["cost-aware"] = make(CostAwareLookahead())
+            if args.confidence and drafter_name == "model":
+                from specdec.policies import ClassifierLookahead, DraftConfidenceLookahead, TargetConfidenceLookahead
+
+                weights = str(ROOT / "models/python-pair/classifier.safetensors")
+                for threshold in (0.4, "auto"):
+                    decoders[f"draft-confidence {threshold}"] = make(DraftConfidenceLookahead(threshold=threshold))
+                for threshold in (0.5, "auto"):
+                    decoders[f"target-confidence {threshold}"] = make(TargetConfidenceLookahead(threshold=threshold))
+                for threshold in (0.5, "auto"):
+                    decoders[f"classifier {threshold}"] = make(ClassifierLookahead(weights=weights, threshold=threshold))
+            for batch_size in [int(b) for b in args.batch_sizes.split(",")]:
+                count = args.batch1_prompts if batch_size == 1 else args.num_prompts
+                chunks = [prompts[i : i + batch_size] for i in range(0, count, batch_size)]
+                encoded = [tokenizer(c, return_tensors="pt", padding=True) for c in chunks]
+                generator = torch.Generator().manual_seed(0)
+
+                def run_target():
+                    outs = [target.generate(**e, pad_token_id=pad, max_new_tokens=args.max_new_tokens, **sampling) for e in encoded]
+                    return outs, None
+
+                def runner(decoder):
+                    def run():
+                        outs = [decoder.generate(**e, max_new_tokens=args.max_new_tokens, generator=generator, **sampling)
+                                for e in encoded]
+                        return [o.sequences for o in outs], outs
+                    return run
+
+                methods = {"target alone": run_target, **{name: runner(d) for name, d in decoders.items()}}
+                times = {name: [] for name in methods}
+                tokens = {name: [] for name in methods}
+                stats = {name: None for name in methods}
+                reference = None
+                exact = {}
+                load = open("/proc/loadavg").read().split()[0]
+                for r in range(args.warmup + args.repeats):
+                    for name, run in methods.items():
+                        start = time.perf_counter()
+                        sequences, outs = run()
+                        seconds = time.perf_counter() - start
+                        new = sum(int((s[:, e["input_ids"].shape[1]:] != pad).sum()) for s, e in zip(sequences, encoded))
+                        if name == "target alone":
+                            reference = sequences
+                        elif mode == "greedy":
+                            exact[name] = exact.get(name, True) and all(torch.equal(a, b) for a, b in zip(sequences, reference))
+                        if r >= args.warmup:
+                            times[name].append(seconds)
+                            tokens[name].append(new)
+                            if outs is not None:
+                                drafted = sum(o.stats.drafted for o in outs)
+                                steps = sum(o.stats.row_steps for o in outs)
+                                accepted = sum(o.stats.accepted for o in outs)
+                                stats[name] = dict(k_mean=drafted / steps, accept=accepted / drafted if drafted else 0.0,
+                                                   tau=sum(o.stats.new_tokens for o in outs) / steps)
+                rates = {name: statistics.median(n / t for n, t in zip(tokens[name], times[name])) for name in methods}
+                # Paired: each pass's rate over the target's rate in the same pass, then the median,
+                # so that load drift between passes cancels.
+                paired = {name: statistics.median((n / t) / (bn / bt) for n, t, bn, bt in
+                                                  zip(tokens[name], times[name], tokens["target alone"], times["target alone"]))
+                          for name in methods}
+                base = rates["target alone"]
+                constants = [n for n in methods if n.startswith("constant")]
+                best_constant = max(constants, key=rates.get) if constants else "cost-aware"
+                cell = dict(mode=mode, drafter=drafter_name, batch=batch_size, load_before=load,
+                            load_after=open("/proc/loadavg").read().split()[0],
+                            rates=rates, speedup={n: rates[n] / base for n in methods}, paired=paired,
+                            best_constant=best_constant,
+                            cost_aware_vs_best=rates["cost-aware"] / rates[best_constant],
+                            paired_vs_best=paired["cost-aware"] / max(paired[n] for n in methods if n.startswith("constant"))
+                            if any(n.startswith("constant") for n in methods) else None,
+                            stats=stats, exact=exact)
+                results.append(cell)
+                print(json.dumps({k: v for k, v in cell.items() if k not in ("rates", "stats", "speedup")}), flush=True)
+                Path(args.out).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,462 @@
+"""``cost-aware``: pick the lookahead that maximises expected committed tokens per second.
+
+Goodput-driven speculation (SmartSpec, Liu et al. 2024), measured while decoding, with no extra
+forward passes and no host syncs of its own:
+
+* **Cost.** The wall time of an iteration, from its ``lookahead`` to the next one (spanning the
+  loop's one per-iteration sync, so on a GPU it includes the device work, and the drafter's cache
+  bookkeeping that runs after ``on_step``), is recorded against the batch size B and the
+  lookahead k the loop asked for. Per batch-size bucket the policy
+  fits ``T(B, k) = a_B + b_B k`` on k >= 1 by recency-weighted least squares (every observation's
+  weight decays by ``decay`` per newer observation in its bucket); T(B, 0), a plain target step, is
+  its own measured mean, because drafting at all has a fixed price (the drafter's call and its
+  catch-up, the wider verify) that a line through k = 0 would smear over every k. The first iteration of a request (it
+  includes the prompt's prefill) is not recorded. A bucket with too little data borrows the
+  relative slope ``b / a`` of the nearest bucket that has a fit (the choice depends only on it).
+* **Acceptance.** Each row's per-position acceptance alpha is estimated from what it drafted and
+  what the target kept, accounting for truncation: a draft of m that was accepted in full says
+  "m successes, no failure" (alpha is high, not m/m), a draft cut at its first rejection says
+  "accepted successes, one failure". Beta prior from the pooled acceptance of all rows (kept across
+  requests), row counts decayed by ``alpha_decay`` per step so a row follows the text it is in.
+* **Choice.** Expected committed tokens for a row drafting m = min(k, its budget):
+  ``(1 - alpha^(m+1)) / (1 - alpha)``. The verify is one padded target forward (every row pays for
+  the widest), and the draft runs batch-wide to the widest row, so a per-row k below the widest
+  saves no time and only loses tokens: the policy picks one common k maximising
+  ``sum_b E_b(k) / T(B, k)`` over k in {0} and [min_k, max_k]. k = 0 is a plain target step.
+* **Probing.** A share ``probe_rate`` of iterations tries another k: while speculating, k = 0 (the
+  intercept) or a k two away from the best (the slope); while not speculating, the best
+  speculative k (so acceptance and its cost stay measured and the policy notices when drafting
+  pays again). Probes are scheduled deterministically (every 1 / probe_rate iterations).
+
+``clock`` (default ``time.perf_counter``) is injectable so tests drive the policy with a fake clock.
+``decisions`` keeps the last choice made (for traces and tests).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Callable
+
+import attrs
+import torch
+
+from ..core.components import LookaheadPolicy
+from ..core.hookspecs import hookimpl
+
+
+def _integer(minimum: int):
+    def check(instance, attribute, value):
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ValueError(f"{attribute.name} must be an integer of at least {minimum}, got {value!r}")
+
+    return check
+
+
+def _fraction(low_open: bool):
+    def check(instance, attribute, value):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+            raise ValueError(f"{attribute.name} must be a number, got {value!r}")
+        if not ((0.0 < value) if low_open else (0.0 <= value)) or value > 1.0:
+            interval = "(0, 1]" if low_open else "[0, 1]"
+            raise ValueError(f"{attribute.name} must lie in {interval}, got {value!r}")
+
+    return check
+
+
+def _open_probability(instance, attribute, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value < 1.0:
+        raise ValueError(f"{attribute.name} must be a probability strictly between 0 and 1, got {value!r}")
+
+
+def _non_negative_number(instance, attribute, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise ValueError(f"{attribute.name} must be a number of at least 0, got {value!r}")
+
+
+def _max_k(instance, attribute, value):
+    if value < instance.min_k:
+        raise ValueError(f"max_k ({value}) must not be below min_k ({instance.min_k})")
+
+
+def _initial_k(instance, attribute, value):
+    if value is None:
+        return
+    _integer(1)(instance, attribute, value)
+    if not instance.min_k <= value <= instance.max_k:
+        raise ValueError(f"initial_k ({value}) must lie between min_k ({instance.min_k}) and max_k ({instance.max_k})")
+
+
+def _callable(instance, attribute, value):
+    if not callable(value):
+        raise ValueError(f"{attribute.name} must be a callable returning seconds, got {value!r}")
+
+
+def expected_tokens(alpha: torch.Tensor, k: torch.Tensor | int) -> torch.Tensor:
+    """Tokens a row commits when it drafts ``k`` with per-position acceptance ``alpha``:
+    ``(1 - alpha^(k+1)) / (1 - alpha)`` (k + 1 as alpha -> 1). Broadcasts."""
+    alpha = torch.as_tensor(alpha, dtype=torch.float64)
+    k = torch.as_tensor(k, dtype=torch.float64)
+    near_one = alpha > 1 - 1e-9
+    safe = torch.where(near_one, torch.zeros_like(alpha), alpha)
+    value = (1 - safe ** (k + 1)) / (1 - safe)
+    return torch.where(near_one, k + 1, value)
+
+
+@attrs.define
+class CostFit:
+    """Recency-weighted observations of one batch-size bucket, kept as per-k weighted means:
+    weighted least squares on (k, mean time) with the cells' weights is the same fit as on every
+    observation with its own weight."""
+
+    log_batch: float
+    weight: dict[int, float] = attrs.field(factory=dict)  # k -> sum of decayed weights
+    mean: dict[int, float] = attrs.field(factory=dict)  # k -> weighted mean seconds (at load 1)
+    load: float = 1.0  # how much slower than the cells every iteration runs now (shared machines)
+
+    def add(self, k: int, seconds: float, decay: float, load_rate: float = 0.0) -> None:
+        """Record an iteration of lookahead ``k`` that took ``seconds``.
+
+        With ``load_rate`` > 0, a slowdown common to every k (another process on the cores, a
+        clock change) is tracked apart from the cells: the load moves by ``load_rate`` towards the
+        ratio of this time to the cells' prediction for k, and the cell records the time divided by
+        it. Cells of different k are then comparable though measured at different moments (k = 0
+        is mostly seen in probes)."""
+        if load_rate > 0:
+            predicted = self.costs([k])
+            if predicted is not None and predicted[k] > 0:
+                self.load += load_rate * (seconds / predicted[k] - self.load)
+            seconds = seconds / self.load
+        for key in self.weight:
+            self.weight[key] *= decay
+        w = self.weight.get(k, 0.0)
+        m = self.mean.get(k, 0.0)
+        self.weight[k] = w + 1.0
+        self.mean[k] = m + (seconds - m) / (w + 1.0)
+
+    def _cells(self, floor: float, speculative_only: bool = False):
+        return [(k, self.weight[k], self.mean[k]) for k in self.weight
+                if self.weight[k] > floor and (k > 0 or not speculative_only)]
+
+    @staticmethod
+    def _line(cells) -> tuple[float, float] | None:
+        """Weighted least squares (a, b) of T = a + b k through ``cells`` [(k, weight, mean)]."""
+        if len({k for k, _, _ in cells}) < 2:
+            return None
+        total = sum(w for _, w, _ in cells)
+        k_bar = sum(w * k for k, w, _ in cells) / total
+        t_bar = sum(w * t for _, w, t in cells) / total
+        sxx = sum(w * (k - k_bar) ** 2 for k, w, _ in cells)
+        sxy = sum(w * (k - k_bar) * (t - t_bar) for k, w, t in cells)
+        b = max(sxy / sxx, 0.0)  # drafting more never costs less; noise can say otherwise
+        a = t_bar - b * k_bar
+        if a <= 0:  # noise: keep the fit through the weighted mean with a positive intercept
+            a = max(t_bar * 1e-3, 1e-9)
+            b = max((t_bar - a) / k_bar, 0.0) if k_bar > 0 else 0.0
+        return a, b
+
+    def costs(self, ks, floor: float = 1e-3) -> dict[int, float] | None:
+        """k -> predicted seconds per iteration, or None without two distinct k observed.
+
+        Drafting at all has a fixed price (the drafter's call and its catch-up on the committed
+        tokens, the wider verify), so T(0) is the k = 0 cell's own mean when it was observed and
+        the line ``a + b k`` is fitted on the k >= 1 cells when two of them were; otherwise one
+        line through every cell."""
+        cells = self._cells(floor)
+        everything = self._line(cells)
+        if everything is None:
+            return None
+        speculative = self._line(self._cells(floor, speculative_only=True)) or everything
+        plain = self.mean[0] if self.weight.get(0, 0.0) > floor else everything[0]
+        a, b = speculative
+        return {k: plain if k == 0 else a + b * k for k in ks}
+
+    def single(self) -> tuple[int, float] | None:
+        """The one k observed (weight above zero) and its mean time, when there is exactly one."""
+        cells = [k for k in self.weight if self.weight[k] > 1e-3]
+        return (cells[0], self.mean[cells[0]]) if len(cells) == 1 else None
+
+
+def bucket_of(batch: int) -> int:
+    """Batch sizes 1-4 exactly, then half-octaves (5-6, 7-9, 10-13, 14-19, ...)."""
+    return batch if batch <= 4 else 100 + round(2 * math.log2(batch))
+
+
+@attrs.frozen
+class Decision:
+    """What the policy chose at one lookahead, and why."""
+
+    k: int
+    best_k: int
+    probing: bool
+    batch: int
+    costs: dict[int, float] | None = None  # k -> predicted seconds; None while exploring
+    goodput: dict[int, float] = attrs.field(factory=dict)  # k -> expected committed tokens per second
+
+
+@attrs.define(eq=False)
+class CostAwareLookahead(LookaheadPolicy):
+    """Each iteration, the common k (0 allowed) that maximises expected committed tokens per second,
+    from measured iteration times and measured per-row acceptance; see the module docstring."""
+
+    name = "cost-aware"
+
+    min_k: int = attrs.field(default=1, validator=_integer(1))
+    max_k: int = attrs.field(default=8, validator=[_integer(1), _max_k])
+    initial_k: int | None = attrs.field(default=None, validator=_initial_k)  # None: 4, within [min_k, max_k]
+    probe_rate: float = attrs.field(default=1 / 32, validator=_fraction(low_open=False))
+    decay: float = attrs.field(default=0.98, validator=_fraction(low_open=True))
+    load_rate: float = attrs.field(default=0.1, validator=_fraction(low_open=False))
+    alpha_decay: float = attrs.field(default=0.9, validator=_fraction(low_open=True))
+    prior_alpha: float = attrs.field(default=0.5, validator=_open_probability)
+    prior_strength: float = attrs.field(default=4.0, validator=_non_negative_number)
+    clock: Callable[[], float] = attrs.field(default=time.perf_counter, validator=_callable, repr=False)
+
+    decision: Decision | None = attrs.field(default=None, init=False, repr=False)
+    requested: torch.Tensor | None = attrs.field(default=None, init=False, repr=False)  # [B] last asked per row
+    _fits: dict[int, CostFit] = attrs.field(factory=dict, init=False, repr=False)
+    _success: torch.Tensor | None = attrs.field(default=None, init=False, repr=False)  # [R] decayed accepted
+    _failure: torch.Tensor | None = attrs.field(default=None, init=False, repr=False)  # [R] decayed rejections
+    _pool: list = attrs.field(factory=lambda: [0.0, 0.0], init=False, repr=False)  # decayed [accepted, rejections]
+    _probe_credit: float = attrs.field(default=0.0, init=False, repr=False)
+    _probes: int = attrs.field(default=0, init=False, repr=False)
+    _pending: tuple | None = attrs.field(default=None, init=False, repr=False)
+
+    # --- the estimates ---------------------------------------------------------------------------
+
+    def pooled_alpha(self) -> float:
+        """Acceptance over all rows seen (decayed), shrunk towards ``prior_alpha``."""
+        success, failure = self._pool
+        strength = self.prior_strength
+        return (success + strength * self.prior_alpha) / (success + failure + strength) if success + failure + strength else self.prior_alpha
+
+    def row_alpha(self, rows: torch.Tensor) -> torch.Tensor:
+        """[B] float64: each row's acceptance, its own counts on a prior of ``prior_strength`` pooled pseudo-counts."""
+        pooled = self.pooled_alpha()
+        strength = max(self.prior_strength, 1e-6)
+        success, failure = self._success[rows], self._failure[rows]
+        return ((success + strength * pooled) / (success + failure + strength)).clamp(1e-6, 1 - 1e-6)
+
+    def cost_model(self, batch: int) -> dict[int, float] | None:
+        """k -> predicted seconds of an iteration of ``batch`` rows (k = 0..max_k), from
+        this bucket's fit, or the nearest fitted bucket's scaled to this one's own point if it has one."""
+        ks = list(range(self.max_k + 1))  # every width a capped row may end at
+        fit = self._fits.get(bucket_of(batch))
+        costs = fit.costs(ks) if fit is not None else None
+        if costs is not None:
+            return costs
+        here = math.log2(batch)
+        fitted = [(abs(f.log_batch - here), f.costs(ks)) for f in self._fits.values()]
+        fitted = [(distance, c) for distance, c in fitted if c is not None]
+        if not fitted:
+            return None
+        costs = min(fitted, key=lambda item: item[0])[1]
+        single = fit.single() if fit is not None else None
+        if single is not None and single[0] in costs:  # the neighbour's shape through this bucket's point
+            k, seconds = single
+            scale = seconds / costs[k]
+            costs = {kk: c * scale for kk, c in costs.items()}
+        return costs
+
+    def goodput(self, alpha: torch.Tensor, budget: torch.Tensor, costs: dict[int, float]) -> dict[int, float]:
+        """k -> expected committed tokens per second for the batch (all k at once: a few tensor ops)."""
+        ks = [0, *range(self.min_k, self.max_k + 1)]
+        k = torch.tensor(ks, dtype=torch.float64)  # [K]
+        drafts = torch.minimum(budget.to(torch.float64)[:, None], k[None, :])  # [B, K]
+        width = drafts.amax(0).long() if drafts.shape[0] else torch.zeros(len(ks), dtype=torch.long)  # [K]
+        seconds = torch.tensor([costs[w] for w in range(self.max_k + 1)], dtype=torch.float64)[width]  # [K]
+        tokens = expected_tokens(alpha.to(torch.float64)[:, None], drafts).sum(0)  # [K]
+        return dict(zip(ks, (tokens / seconds).tolist()))
+
+    # --- the hooks -------------------------------------------------------------------------------
+
+    def begin(self, state, target) -> None:
+        self._success = torch.zeros(state.batch_size, dtype=torch.float64)
+        self._failure = torch.zeros(state.batch_size, dtype=torch.float64)
+        self._pending = None
+        self.requested = None
+
+    def choose(self, batch: int, alpha: torch.Tensor, budget: torch.Tensor) -> Decision:
+        """The k for this iteration; ``budget`` [B] is how many drafts each row may still make."""
+        fit = self._fits.get(bucket_of(batch))
+        own = fit is not None and fit.costs([0]) is not None
+        costs = self.cost_model(batch)
+        if costs is None or (not own and fit is not None and fit.single() is not None and fit.single()[0] > 0):
+            # Explore: the initial k (or what a neighbouring batch size's fit suggests), then one
+            # plain step, so that every batch size measures its own shape; a neighbour's can be
+            # far off (on a CPU a batch of 16 pays for drafting much more than a batch of 4).
+            single = fit.single() if fit is not None else None
+            initial = self.initial_k if self.initial_k is not None else min(max(4, self.min_k), self.max_k)
+            k = 0 if single is not None and single[0] > 0 else initial
+            return Decision(k=k, best_k=k, probing=True, batch=batch)
+        gains = self.goodput(alpha, budget, costs)
+        best = max(gains, key=lambda k: (gains[k], -k))
+        k, probing = best, False
+        self._probe_credit += self.probe_rate
+        if self._probe_credit >= 1.0:
+            self._probe_credit -= 1.0
+            probing = True
+            self._probes += 1
+            if best == 0:
+                k = max((kk for kk in gains if kk > 0), key=lambda kk: gains[kk])
+            elif self._probes % 2:
+                k = 0
+            else:
+                k = best + 2 if best + 2 <= self.max_k else max(self.min_k, best - 2)
+                k = k if k != best else 0
+        return Decision(k=k, best_k=best, probing=probing, batch=batch, costs=costs, goodput=gains)
+
+    def lookahead(self, state) -> torch.Tensor:
+        return self.plan(state)
+
+    def plan(self, state, alpha: torch.Tensor | None = None) -> torch.Tensor:
+        """The lookahead for this iteration, from each row's acceptance ``alpha`` [B] (default: its
+        own history); other policies reuse the cost model through this."""
+        now = self.clock()
+        self._record(state.iteration, now)  # the previous iteration ends here
+        rows = state.rows_host
+        batch = rows.shape[0]
+        budget = (state.remaining_host() - 1).clamp(min=0)  # [B] drafts each row may still make
+        self.decision = self.choose(batch, self.row_alpha(rows) if alpha is None else alpha, budget)
+        k = self.decision.k
+        requested = budget.clamp(max=k)  # [B]
+        self.requested = requested
+        width = int(requested.max()) if batch else 0
+        self._pending = (state.iteration, batch, width, now)
+        return torch.full((batch,), k, dtype=torch.long)
+
+    def _record(self, iteration: int, now: float) -> None:
+        """The previous iteration took from its lookahead to this one: everything it caused
+        (the draft, the verify and the loop's sync, the drafter's cache bookkeeping after
+        ``on_step``, rows leaving the batch) is inside. Not recorded: the first iteration of a
+        request (it also reads the prompt) and the last (no lookahead follows it)."""
+        if self._pending is None:
+            return
+        previous, batch, width, started = self._pending
+        self._pending = None
+        if previous > 0 and iteration == previous + 1:
+            fit = self._fits.setdefault(bucket_of(batch), CostFit(log_batch=math.log2(batch)))
+            fit.add(width, now - started, self.decay, self.load_rate)
+
+    def on_step(self, state, step) -> None:
+        requested = self.requested
+        if requested is None or requested.shape[0] != step.rows_host.shape[0]:
+            return
+        # Acceptance, counted against what each row was asked for (truncation-aware). Every row's
+        # evidence ages each step, drafting or not, so a row that stopped drafting after a bad
+        # patch drifts back to the pooled estimate instead of staying at k = 0 until a probe.
+        self._success[step.rows_host] *= self.alpha_decay
+        self._failure[step.rows_host] *= self.alpha_decay
+        asked = requested > 0
+        if bool(asked.any()):
+            rows = step.rows_host[asked]
+            accepted = step.accepted_host[asked].to(torch.float64)
+            rejected = (step.accepted_host[asked] < requested[asked]).to(torch.float64)
+            self._success[rows] += accepted
+            self._failure[rows] += rejected
+            pool_decay = self.alpha_decay ** (1 / 16)  # the pooled estimate moves slower than a row's
+            self._pool[0] = self._pool[0] * pool_decay + float(accepted.mean())
+            self._pool[1] = self._pool[1] * pool_decay + float(rejected.mean())
+
+
+@hookimpl
+def specdec_register(registry):
+    registry.register_policy("cost-aware", CostAwareLookahead)
+
+
+# --- pieces the confidence policies share ------------------------------------------------------
+
+
+@attrs.define(eq=False)
+class Calibration:
+    """An online reliability table: observed acceptance per bin of a predicted probability.
+
+    ``add`` takes per-position labels (accepted or not) on the device, without a host sync; the
+    estimate of a bin is its acceptance shrunk towards the pooled one with ``strength`` pseudo-counts.
+    Kept across requests: the pair's calibration does not change between them.
+    """
+
+    edges: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
+    strength: float = 4.0
+    prior: float = 0.5
+    accepted: torch.Tensor | None = None  # [bins] float32
+    seen: torch.Tensor | None = None  # [bins] float32
+    _edges: torch.Tensor | None = attrs.field(default=None, init=False, repr=False)
+
+    def to(self, device) -> None:
+        if self.accepted is None:
+            self.accepted = torch.zeros(len(self.edges) + 1, device=device)
+            self.seen = torch.zeros(len(self.edges) + 1, device=device)
+        else:
+            self.accepted, self.seen = self.accepted.to(device), self.seen.to(device)
+        self._edges = torch.tensor(self.edges, device=device)
+
+    def bins(self, predicted: torch.Tensor) -> torch.Tensor:
+        return torch.bucketize(predicted.float().nan_to_num(1.0).contiguous(), self._edges, right=True)
+
+    def pooled(self) -> torch.Tensor:  # 0-dim
+        return (self.accepted.sum() + self.strength * self.prior) / (self.seen.sum() + self.strength)
+
+    def estimate(self, predicted: torch.Tensor) -> torch.Tensor:
+        """Observed acceptance of ``predicted``'s bins, same shape, float32."""
+        index = self.bins(predicted)
+        return ((self.accepted + self.strength * self.pooled()) / (self.seen + self.strength))[index]
+
+    def add(self, predicted: torch.Tensor, accepted: torch.Tensor, seen: torch.Tensor) -> None:
+        """``accepted`` / ``seen`` (bool, shape of ``predicted``): was the position accepted / looked at."""
+        index = self.bins(predicted)[seen]
+        self.accepted.index_add_(0, index, accepted[seen].float())
+        self.seen.index_add_(0, index, torch.ones_like(index, dtype=torch.float32))
+
+
+@attrs.define(eq=False)
+class DraftTimer:
+    """Iteration time against the draft's actual width, for policies that stop drafts mid-way, and
+    the rule they stop by: draft one more column for the whole batch while the tokens it is
+    expected to add are worth its measured time (the verify pays for the widest row, so a row
+    that stops alone saves nothing)."""
+
+    clock: Callable[[], float] = time.perf_counter
+    decay: float = 0.98
+    explore: tuple[int, ...] = (2, 5)  # widths tried in turn while a batch size has no fit
+    _fits: dict[int, CostFit] = attrs.field(factory=dict)
+    _started: tuple | None = None
+    _explored: int = 0
+
+    def start(self, state) -> None:
+        self._started = (state.iteration, state.active, self.clock())
+        self._explored += 1
+
+    def stop(self, step) -> None:
+        now = self.clock()
+        if self._started is None:
+            return
+        iteration, batch, started = self._started
+        self._started = None
+        if iteration > 0:
+            fit = self._fits.setdefault(bucket_of(batch), CostFit(log_batch=math.log2(batch)))
+            fit.add(step.draft.width, now - started, self.decay)
+
+    def line(self, batch: int) -> tuple[float, float] | None:
+        """(T at width w, marginal seconds per column) as ``(a, b)`` of a + b w for w >= 1."""
+        fit = self._fits.get(bucket_of(batch))
+        if fit is None:
+            return None
+        costs = fit.costs([1, 2])
+        return None if costs is None else (costs[1] - (costs[2] - costs[1]), costs[2] - costs[1])
+
+    def keep_drafting(self, batch: int, width: int, reach: torch.Tensor, gained: torch.Tensor,
+                      next_alpha: torch.Tensor) -> torch.Tensor:
+        """[B] bool, every row alike: draft column ``width + 1``? ``reach`` [B] is P(every draft so
+        far is accepted), ``gained`` [B] the expected drafts kept so far, ``next_alpha`` [B] the
+        acceptance expected of the next token. No fit yet: draft to the widths of ``explore`` in turn."""
+        line = self.line(batch)
+        if line is None:
+            wanted = self.explore[self._explored % len(self.explore)]
+            return torch.full_like(reach, width < wanted, dtype=torch.bool)
+        a, b = line
+        now = a + b * width  # seconds of an iteration this wide
+        tokens = reach.shape[0] + gained.sum()  # expected committed tokens so far (1 per row + kept drafts)
+        more = (reach * next_alpha).sum()
+        # (tokens + more) / (now + b) >= tokens / now, on the device: no sync here.
+        return ((tokens + more) * now >= tokens * (now + b)).expand(reach.shape[0])

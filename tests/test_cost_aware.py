@@ -1,0 +1,358 @@
+"""Policy ``cost-aware``: the cost model's arithmetic, the k it picks for given costs and acceptance,
+truncation-aware acceptance, probing, bad options, and greedy exactness in the loop (k = 0 rows are
+plain target steps). Every clock here is fake: no assertion depends on wall time."""
+
+from __future__ import annotations
+
+import copy
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from specdec import ConfigError, SpeculativeDecoder, Step, Verdict
+from specdec.core.types import Draft
+from specdec.drafters import ModelDrafter
+from specdec.observers import Observer
+from specdec.plugins import get_registry
+from specdec.policies import CostAwareLookahead
+from specdec.policies.cost_aware import CostFit, bucket_of, expected_tokens
+from specdec.verifiers import GreedyVerifier
+
+from .tiny_pairs import left_padded, perturbed_copy, tiny_llama
+
+VOCAB = 32
+PROMPTS = [[1, 2, 3, 1, 2], [4, 5], [6, 7, 8, 9, 10, 11, 6, 7], [12]]
+NEW_TOKENS = 24
+
+
+class Ticks:
+    """A fake clock read once per lookahead, before the choice: each call advances time by
+    ``cost(k)`` for the k chosen last, so an iteration of lookahead k lasts exactly ``cost(k)``."""
+
+    def __init__(self, cost):
+        self.cost, self.now, self.policy = cost, 0.0, None
+
+    def __call__(self) -> float:
+        # Read at the start of a lookahead: the iteration that just ended had the last decision's k.
+        decision = self.policy.decision if self.policy is not None else None
+        self.now += self.cost(decision.k if decision is not None else 0)
+        return self.now
+
+
+def fed(policy: CostAwareLookahead, batch: int, times: dict[int, float], repeats: int = 3) -> CostAwareLookahead:
+    """``policy`` with ``repeats`` observations of ``times[k]`` seconds per k at ``batch`` rows."""
+    fit = policy._fits.setdefault(bucket_of(batch), CostFit(log_batch=torch.tensor(float(batch)).log2().item()))
+    for _ in range(repeats):
+        for k, seconds in times.items():
+            fit.add(k, seconds, policy.decay)
+    return policy
+
+
+def step_of(rows, drafted, accepted) -> Step:
+    """A Step with what cost-aware reads: rows, drafted and accepted counts."""
+    batch = len(rows)
+    zeros = torch.zeros(batch, dtype=torch.long)
+    accepted_t = torch.tensor(accepted)
+    return Step(
+        iteration=1,
+        rows_host=torch.tensor(rows),
+        draft=Draft.empty(batch, torch.device("cpu")),
+        verdict=Verdict(accepted=accepted_t, next_token=zeros),
+        drafted_host=torch.tensor(drafted),
+        accepted_host=accepted_t,
+        appended_host=accepted_t + 1,
+        finished_host=torch.zeros(batch, dtype=torch.bool),
+        appended_tokens=zeros[:, None],
+    )
+
+
+def fake_state(batch: int, remaining: int = 100):
+    rows = torch.arange(batch)
+    return SimpleNamespace(
+        batch_size=batch, active=batch, rows_host=rows, iteration=1,
+        remaining_host=lambda: torch.full((batch,), remaining),
+    )
+
+
+class TestCostModel:
+    """The arithmetic: expected tokens, the recency-weighted fit, buckets."""
+
+    def test_expected_tokens(self):
+        assert float(expected_tokens(0.5, 2)) == pytest.approx(1.75)  # 1 + 0.5 + 0.25
+        assert float(expected_tokens(0.8, 0)) == pytest.approx(1.0)
+        assert float(expected_tokens(1.0, 4)) == pytest.approx(5.0)
+        assert float(expected_tokens(0.0, 4)) == pytest.approx(1.0)
+        assert expected_tokens(torch.tensor([0.5, 0.9]), torch.tensor([1, 3])).tolist() == pytest.approx([1.5, 1 + 0.9 + 0.81 + 0.729])
+
+    def test_fit_recovers_a_line_and_a_separate_plain_step(self):
+        fit = CostFit(log_batch=0.0)
+        for k, seconds in [(0, 8.0), (1, 12.0), (3, 16.0), (5, 20.0)]:
+            fit.add(k, seconds, decay=1.0)
+        costs = fit.costs([0, 1, 2, 8])
+        assert costs == pytest.approx({0: 8.0, 1: 12.0, 2: 14.0, 8: 26.0})  # a + b k on k >= 1; T(0) measured
+
+    def test_fit_needs_two_distinct_k(self):
+        fit = CostFit(log_batch=0.0)
+        fit.add(4, 1.0, decay=0.9)
+        fit.add(4, 3.0, decay=0.9)
+        assert fit.costs([0, 4]) is None and fit.single()[0] == 4
+        fit.add(0, 1.0, decay=0.9)
+        assert fit.costs([0, 4]) is not None  # one line through k = 0 and k = 4
+
+    def test_recency_weighting(self):
+        fit = CostFit(log_batch=0.0)
+        fit.add(2, 10.0, decay=0.5)
+        fit.add(2, 20.0, decay=0.5)  # the older observation now weighs 0.5, the new one 1
+        assert fit.mean[2] == pytest.approx((0.5 * 10 + 1 * 20) / 1.5)
+        assert fit.weight[2] == pytest.approx(1.5)
+
+    def test_a_common_slowdown_moves_the_load_not_the_shape(self):
+        fit = CostFit(log_batch=0.0)
+        for _ in range(20):
+            for k, seconds in [(0, 8.0), (1, 12.0), (3, 16.0)]:
+                fit.add(k, seconds, decay=0.98, load_rate=0.2)
+        before = fit.costs([0, 1, 3])
+        for _ in range(30):  # the machine gets twice as slow; only k = 3 is being run
+            fit.add(3, 32.0, decay=0.98, load_rate=0.2)
+        fit.add(0, 16.0, decay=0.98, load_rate=0.2)  # a probe, at the same slowdown
+        after = fit.costs([0, 1, 3])
+        assert fit.load > 1.5  # most of the slowdown went to the load ...
+        assert after[0] / after[3] == pytest.approx(before[0] / before[3], rel=0.2)  # ... not the shape
+        untracked = CostFit(log_batch=0.0)
+        for _ in range(20):
+            for k, seconds in [(0, 8.0), (1, 12.0), (3, 16.0)]:
+                untracked.add(k, seconds, decay=0.98)
+        for _ in range(30):
+            untracked.add(3, 32.0, decay=0.98)
+        untracked.add(0, 16.0, decay=0.98)
+        skewed = untracked.costs([0, 3])
+        assert abs(skewed[0] / skewed[3] - 0.5) > 2 * abs(after[0] / after[3] - 0.5)
+
+    def test_buckets(self):
+        assert [bucket_of(b) for b in (1, 2, 3, 4)] == [1, 2, 3, 4]
+        assert bucket_of(16) == bucket_of(15) != bucket_of(8)
+
+
+class TestChoice:
+    """The k it picks for given costs and acceptance (no clock involved)."""
+
+    def test_cheap_drafts_and_high_acceptance_draft_long(self):
+        policy = fed(CostAwareLookahead(max_k=8), 1, {0: 10.0, 1: 11.0, 8: 18.0})
+        alpha = torch.tensor([0.95])
+        decision = policy.choose(1, alpha, torch.tensor([100]))
+        expected = {k: float(expected_tokens(0.95, k)) / (10.0 + k if k else 10.0) for k in range(0, 9)}
+        assert decision.k == max(expected, key=expected.get) == 8
+
+    def test_picks_the_argmax_of_tokens_per_second(self):
+        policy = fed(CostAwareLookahead(max_k=8), 4, {0: 10.0, 1: 14.0, 5: 22.0})  # T = 12 + 2k for k >= 1
+        alpha = torch.tensor([0.7, 0.8, 0.6, 0.75], dtype=torch.float64)
+        decision = policy.choose(4, alpha, torch.full((4,), 100))
+        gains = {0: 4 / 10.0, **{k: float(expected_tokens(alpha, k).sum()) / (12 + 2 * k) for k in range(1, 9)}}
+        assert decision.k == max(gains, key=gains.get)
+        assert decision.goodput == pytest.approx(gains)
+
+    def test_expensive_drafts_or_low_acceptance_fall_back_to_plain_steps(self):
+        policy = fed(CostAwareLookahead(), 1, {0: 10.0, 1: 20.0, 4: 50.0})
+        assert policy.choose(1, torch.tensor([0.9]), torch.tensor([100])).k == 0
+        policy = fed(CostAwareLookahead(), 1, {0: 10.0, 1: 11.0, 4: 14.0})
+        assert policy.choose(1, torch.tensor([0.05]), torch.tensor([100])).k == 0
+        assert policy.choose(1, torch.tensor([0.9]), torch.tensor([100])).k > 0
+
+    def test_budget_caps_the_width(self):
+        """Rows with 2 tokens left draft 1 at most: wider k buys nothing and the pick says so."""
+        policy = fed(CostAwareLookahead(), 2, {0: 10.0, 1: 10.5, 8: 14.0})
+        decision = policy.choose(2, torch.tensor([0.99, 0.99]), torch.tensor([1, 1]))
+        assert decision.k == 1
+
+    def test_exploration_before_a_fit(self):
+        policy = CostAwareLookahead(initial_k=3, min_k=2, max_k=6)
+        assert policy.choose(1, torch.tensor([0.5]), torch.tensor([100])).k == 3
+        fed(policy, 1, {3: 1.0}, repeats=1)
+        assert policy.choose(1, torch.tensor([0.5]), torch.tensor([100])).k == 0  # then a plain step
+
+    def test_a_new_bucket_borrows_the_nearest_fit(self):
+        policy = fed(CostAwareLookahead(), 4, {0: 10.0, 1: 11.0, 4: 14.0})
+        assert policy.cost_model(5) == pytest.approx(policy.cost_model(4))
+        fed(policy, 16, {2: 40.0}, repeats=1)  # one own point: the neighbour's shape, scaled through it
+        costs = policy.cost_model(16)
+        assert costs[2] == pytest.approx(40.0) and costs[0] == pytest.approx(40.0 * 10 / 12)
+        # ... but the choice measures this batch size's own plain step before trusting that shape.
+        assert policy.choose(16, torch.full((16,), 0.9), torch.full((16,), 100)).k == 0
+
+
+class TestTiming:
+    """An iteration is timed from its lookahead to the next one, with no clock read elsewhere."""
+
+    def test_period_includes_work_after_on_step_and_skips_the_prompt_iteration(self):
+        now = [0.0]
+        policy = CostAwareLookahead(clock=lambda: now[0], load_rate=0.0)
+        state = fake_state(1)
+        policy.begin(state, None)
+        for iteration, (before, after) in enumerate([(5.0, 1.0), (2.0, 0.5), (2.0, 0.5)]):
+            state.iteration = iteration
+            policy.lookahead(state)  # k = initial (4) while exploring
+            now[0] += before  # draft + verify + sync
+            policy.on_step(state, step_of([0], [4], [4]))
+            now[0] += after  # the drafter's bookkeeping after on_step, rows leaving the batch
+        state.iteration = 3
+        policy.lookahead(state)
+        fit = policy._fits[1]
+        # iteration 0 (prompt) not recorded; 1 and 2 were k = 4 then k = 0 (exploration), 2.5 s each
+        assert {k: fit.mean[k] for k in fit.mean} == pytest.approx({4: 2.5, 0: 2.5})
+
+    def test_a_new_request_does_not_time_across_the_gap(self):
+        now = [0.0]
+        policy = CostAwareLookahead(clock=lambda: now[0])
+        state = fake_state(1)
+        policy.begin(state, None)
+        state.iteration = 5
+        policy.lookahead(state)
+        now[0] += 100.0
+        policy.begin(state, None)
+        state.iteration = 0
+        policy.lookahead(state)
+        assert not policy._fits
+
+
+class TestAcceptance:
+    """Per-row acceptance from drafted/accepted counts, truncation-aware, on a pooled prior."""
+
+    def test_full_acceptance_is_not_a_failure(self):
+        policy = CostAwareLookahead(prior_alpha=0.5, prior_strength=2.0, clock=lambda: 0.0)
+        state = fake_state(2)
+        policy.begin(state, None)
+        policy.lookahead(state)  # k = 4 for both rows
+        policy.on_step(state, step_of([0, 1], [4, 4], [4, 1]))
+        assert policy._success.tolist() == [4.0, 1.0]
+        assert policy._failure.tolist() == [0.0, 1.0]  # row 0 accepted all it was asked: no failure
+        alpha = policy.row_alpha(torch.tensor([0, 1]))
+        pooled = policy.pooled_alpha()
+        assert alpha[0] == pytest.approx((4 + 2 * pooled) / (4 + 2))
+        assert alpha[1] == pytest.approx((1 + 2 * pooled) / (2 + 2))
+        assert alpha[0] > 0.8 > alpha[1]
+
+    def test_a_draft_short_of_what_was_asked_counts_as_a_rejection(self):
+        """An n-gram drafter may find nothing to propose: the row was asked for k and got 0 tokens."""
+        policy = CostAwareLookahead(clock=lambda: 0.0)
+        state = fake_state(1)
+        policy.begin(state, None)
+        policy.lookahead(state)
+        policy.on_step(state, step_of([0], [0], [0]))
+        assert policy._failure.tolist() == [1.0]
+
+
+    def test_a_row_that_stopped_drafting_drifts_back_to_the_pooled_estimate(self):
+        policy = CostAwareLookahead(clock=lambda: 0.0, probe_rate=0.0)
+        state = fake_state(1)
+        policy.begin(state, None)
+        policy._failure[0] = 5.0  # a bad patch
+        low = float(policy.row_alpha(torch.tensor([0]))[0])
+        fed(policy, 1, {0: 1.0, 1: 100.0, 4: 400.0})  # drafting is far too dear: k = 0 steps
+        for _ in range(40):
+            assert int(policy.lookahead(state)[0]) == 0
+            policy.on_step(state, step_of([0], [0], [0]))
+        assert float(policy.row_alpha(torch.tensor([0]))[0]) > low + 0.2
+        assert float(policy.row_alpha(torch.tensor([0]))[0]) == pytest.approx(policy.pooled_alpha(), abs=0.05)
+
+
+class TestProbing:
+    """A share ``probe_rate`` of decisions tries another k, deterministically."""
+
+    def test_probe_schedule_and_targets(self):
+        policy = fed(CostAwareLookahead(probe_rate=0.25, max_k=8), 1, {0: 10.0, 1: 11.0, 8: 18.0})
+        alpha, budget = torch.tensor([0.9]), torch.tensor([100])
+        decisions = [policy.choose(1, alpha, budget) for _ in range(8)]
+        assert [d.probing for d in decisions] == [False, False, False, True] * 2
+        best = decisions[0].k
+        assert all(d.k == best for d in decisions if not d.probing)
+        assert {d.k for d in decisions if d.probing} == {0, best - 2 if best + 2 > 8 else best + 2}
+
+    def test_when_not_speculating_probes_draft(self):
+        policy = fed(CostAwareLookahead(probe_rate=0.5), 1, {0: 10.0, 1: 20.0, 4: 50.0})
+        decisions = [policy.choose(1, torch.tensor([0.9]), torch.tensor([100])) for _ in range(4)]
+        assert [d.k for d in decisions if not d.probing] == [0, 0]
+        assert all(d.k > 0 for d in decisions if d.probing)
+
+    def test_no_probes_at_rate_zero(self):
+        policy = fed(CostAwareLookahead(probe_rate=0.0), 1, {0: 10.0, 1: 11.0, 8: 18.0})
+        assert not any(policy.choose(1, torch.tensor([0.9]), torch.tensor([100])).probing for _ in range(50))
+
+
+class TestOptions:
+    """Nonsensical options are ConfigErrors naming the field."""
+
+    @pytest.mark.parametrize(
+        "options,field",
+        [
+            ({"probe_rate": -0.1}, "probe_rate"),
+            ({"probe_rate": 2}, "probe_rate"),
+            ({"min_k": 5, "max_k": 3}, "max_k"),
+            ({"min_k": 0}, "min_k"),
+            ({"max_k": 2, "initial_k": 4}, "initial_k"),
+            ({"decay": 0}, "decay"),
+            ({"load_rate": -0.5}, "load_rate"),
+            ({"alpha_decay": 1.5}, "alpha_decay"),
+            ({"prior_alpha": 1.0}, "prior_alpha"),
+            ({"prior_strength": -1}, "prior_strength"),
+            ({"clock": "fast"}, "clock"),
+            ({"max_k": "8"}, "max_k"),
+        ],
+    )
+    def test_invalid_options_name_the_field(self, options, field):
+        with pytest.raises(ConfigError, match=field):
+            get_registry().create("policy", "cost-aware", options)
+
+    def test_initial_k_defaults_inside_the_range(self):
+        assert CostAwareLookahead(max_k=2).choose(1, torch.tensor([0.5]), torch.tensor([9])).k == 2
+
+
+class Recorder(Observer):
+    name = "recorder"
+
+    def __init__(self):
+        self.steps = []
+
+    def on_step(self, state, step):
+        self.steps.append(step)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama(20, vocab=VOCAB, layers=2, dtype=torch.float64, init=0.3)
+
+
+def decode(target, draft_model, cost, **options):
+    clock = Ticks(cost)
+    policy = CostAwareLookahead(clock=clock, **options)
+    clock.policy = policy
+    recorder = Recorder()
+    decoder = SpeculativeDecoder(target=target, drafter=ModelDrafter(draft_model), policy=policy,
+                                 verifier=GreedyVerifier(), observers=[recorder])
+    input_ids, mask = left_padded(PROMPTS)
+    outs = [decoder.generate(input_ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False) for _ in range(2)]
+    expected = target.generate(input_ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False)
+    return outs, expected, recorder.steps, policy
+
+
+class TestInTheLoop:
+    """Driven by a fake clock: the policy converges where the costs say, and the output stays greedy."""
+
+    def test_expensive_drafting_gives_plain_target_steps_exactly(self, target):
+        draft = perturbed_copy(target, 0.1)
+        outs, expected, steps, policy = decode(target, draft, lambda k: 1.0 + 5.0 * k, probe_rate=0.1)
+        for out in outs:
+            assert torch.equal(out.sequences, expected)
+        plain = [s for s in steps if s.draft.width == 0]
+        assert len(plain) > len(steps) / 2
+        assert all(int(s.drafted_host.sum()) == 0 and bool((s.appended_host == 1).all()) for s in plain)
+        assert policy.cost_model(4)[0] == pytest.approx(1.0)
+
+    def test_cheap_drafting_with_a_perfect_draft_drafts_long(self, target):
+        draft = copy.deepcopy(target)
+        outs, expected, steps, policy = decode(target, draft, lambda k: 1.0 + 0.01 * k, probe_rate=0.0, max_k=6)
+        for out in outs:
+            assert torch.equal(out.sequences, expected)
+        assert policy.decision is not None
+        widths = [s.draft.width for s in steps[len(steps) // 2 :]]
+        assert max(widths) == 6 and sum(w == 6 for w in widths) >= len(widths) / 2
