@@ -14,7 +14,7 @@ still transcribed and the command exits with code 2 at the end, the code of ever
 model = "models/whisper-large-v3"      # WhisperForConditionalGeneration + processor files
 
 [drafter]
-use = "shared_encoder"
+use = "shared-encoder"
 model = "models/distil-large-v3"       # its decoder is loaded as WhisperForCausalLM
 ```
 """
