@@ -34,6 +34,7 @@ import torch
 from transformers import DynamicCache
 
 from .config import SpecdecConfig
+from .core.types import token_id_list
 from .decoding import SpeculativeDecoder
 
 
@@ -164,8 +165,7 @@ def run_bench(
 ) -> list[BenchRow]:
     """Measure every (drafter, policy) pair in ``methods`` at every batch size; see the module doc."""
     target, tokenizer = config.load_target()
-    eos = target.generation_config.eos_token_id
-    eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+    eos = token_id_list(target.generation_config.eos_token_id)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
     generate_kwargs = dict(config.sampling)
     generate_kwargs.update(do_sample=False, max_new_tokens=max_new_tokens)

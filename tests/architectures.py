@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import torch
 
-from .tiny_pairs import left_padded, perturbed_copy
+from .conftest import left_padded, perturbed_copy
 
 VOCAB = 128
 WINDOW = 8

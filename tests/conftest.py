@@ -1,12 +1,16 @@
-"""Tiny named models built from configs, in float64 so numeric ties cannot hide bugs."""
+"""The tests' shared helpers: tiny named models built from configs (float64, so numeric ties cannot
+hide bugs), left-padded batches, a perturbed-copy draft, and an observer that records every step."""
 
 from __future__ import annotations
 
+import copy
 import functools
 
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import GenerationConfig, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+from specdec.observers import Observer
 
 # The test machines share two cores: under contention torch's default thread pool makes these
 # tiny models up to 30x slower, and every model here is tiny.
@@ -55,15 +59,9 @@ def tiny_model(arch: str, layers: int = 2, seed: int = 0, vocab: int = VOCAB, co
 
 
 def left_padded_prompts(lengths: list[int], seed: int = 0, vocab: int = VOCAB):
-    """A left-padded batch with one prompt of each length (tokens avoid eos and pad)."""
+    """A left-padded batch with one random prompt of each length (tokens avoid eos and pad)."""
     generator = torch.Generator().manual_seed(seed)
-    width = max(lengths)
-    input_ids = torch.full((len(lengths), width), PAD, dtype=torch.long)
-    mask = torch.zeros(len(lengths), width, dtype=torch.long)
-    for row, length in enumerate(lengths):
-        input_ids[row, width - length :] = torch.randint(3, vocab, (length,), generator=generator)
-        mask[row, width - length :] = 1
-    return input_ids, mask
+    return left_padded([torch.randint(3, vocab, (length,), generator=generator).tolist() for length in lengths], PAD)
 
 
 def greedy_reference(model, input_ids, mask, max_new_tokens, **kwargs):
@@ -78,3 +76,80 @@ def llama():
 @pytest.fixture
 def llama_draft():
     return tiny_model("llama", layers=1, seed=1)
+
+
+class Recorder(Observer):
+    """Keeps every Step the loop reports."""
+
+    name = "recorder"
+
+    def __init__(self):
+        self.steps = []
+
+    def on_step(self, state, step):
+        self.steps.append(step)
+
+
+def tiny_llama(seed: int, vocab: int = 8, layers: int = 1, dtype=torch.float32, init: float = 0.5) -> LlamaForCausalLM:
+    """A 32-wide Llama whose next-token distributions are far from uniform (``init`` scales the weights).
+
+    Different seeds give a target and a draft that disagree often, so rejections, residual draws
+    and bonus tokens all happen.
+    """
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        initializer_range=init,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(config).to(dtype).eval()
+    model.generation_config = GenerationConfig(pad_token_id=0, eos_token_id=None, bos_token_id=None)
+    return model
+
+
+def left_padded(prompts: list[list[int]], pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(input_ids, attention_mask)`` of token lists padded on the left."""
+    width = max(len(p) for p in prompts)
+    input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros(len(prompts), width, dtype=torch.long)
+    for i, prompt in enumerate(prompts):
+        input_ids[i, width - len(prompt) :] = torch.tensor(prompt)
+        mask[i, width - len(prompt) :] = 1
+    return input_ids, mask
+
+
+def perturbed_copy(model, noise: float, seed: int = 1):
+    """A draft close to ``model``: its matrices plus Gaussian noise of ``noise`` times their spread.
+
+    Around 0.15 the target accepts about half the drafts, so rejections and bonus tokens both happen.
+    """
+    draft = copy.deepcopy(model)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in draft.parameters():
+            if parameter.dim() > 1:
+                noise_ = torch.randn(parameter.shape, generator=generator, dtype=parameter.dtype)
+                parameter.add_(noise_ * noise * parameter.std())
+    return draft
+
+
+def drafts_and_budgets(steps, max_tokens: int, new_tokens: int):
+    """For every row that drafted in every recorded Step: ``(step, position, allowed)``, where
+    ``allowed`` is the most the policy could let it draft (``max_tokens``, capped by the loop at
+    the row's remaining tokens minus one), so a shorter draft is one the policy stopped."""
+    committed: dict[int, int] = {}
+    for step in steps:
+        for b, row in enumerate(step.rows_host.tolist()):
+            done = committed.get(row, 0)
+            if int(step.drafted_host[b]):
+                yield step, b, min(max_tokens, new_tokens - done - 1)
+            committed[row] = done + int(step.appended_host[b])

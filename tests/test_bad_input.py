@@ -34,7 +34,7 @@ class TestModelsAndPlugins:
             config(policy={"use": "fast"}).build_components()
 
     def test_invalid_option_names_the_field_and_the_value(self):
-        with pytest.raises(ConfigError, match=r"'k' = -2.*at least 0"):
+        with pytest.raises(ConfigError, match=r"'k' = -2.*'k' must be >= 0"):
             config(policy={"use": "constant", "k": -2}).build_components()
         with pytest.raises(ConfigError, match=r"'max_ngram' must be int, got 'three'"):
             config(drafter={"use": "ngram", "max_ngram": "three"}).build_components()

@@ -16,7 +16,6 @@ from typer.testing import CliRunner
 
 from specdec import ConfigError, SpeculativeDecoder
 from specdec.drafters import ModelDrafter
-from specdec.observers import Observer
 from specdec.plugins import get_registry
 from specdec.policies import ClassifierLookahead
 from specdec.policies.classifier import FEATURES, StopClassifier, draft_features
@@ -24,8 +23,8 @@ from specdec.training.classifier import train_classifier
 from specdec.cli.policy import policy_app
 from specdec.verifiers import GreedyVerifier
 
-from .tiny_pairs import drafts_and_budgets, left_padded, perturbed_copy, tiny_llama
-from .tinypair import save_pair
+from .conftest import Recorder, drafts_and_budgets, left_padded, perturbed_copy, tiny_llama
+from .saved_pair import save_pair
 
 VOCAB = 16
 PROMPTS = [[3, 4, 5, 6], [7, 8], [9, 10, 11, 3, 4], [12, 13, 14], [5, 5, 6], [15, 3], [4, 9, 12, 8, 6], [10]]
@@ -161,15 +160,6 @@ class TestTraining:
         with pytest.raises(ValueError, match="holdout"):
             train_classifier(decoder, PROMPTS, holdout=1.0)
 
-
-class Recorder(Observer):
-    name = "recorder"
-
-    def __init__(self):
-        self.steps = []
-
-    def on_step(self, state, step):
-        self.steps.append(step)
 
 
 def test_greedy_output_with_classifier_equals_target_generate():

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from specdec.cli import app
 
-from .tinypair import save_pair
+from .saved_pair import save_pair
 
 runner = CliRunner()
 

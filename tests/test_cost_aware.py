@@ -13,13 +13,12 @@ import torch
 from specdec import ConfigError, SpeculativeDecoder, Step, Verdict
 from specdec.core.types import Draft
 from specdec.drafters import ModelDrafter
-from specdec.observers import Observer
 from specdec.plugins import get_registry
 from specdec.policies import CostAwareLookahead
 from specdec.policies.cost_aware import CostFit, bucket_of, expected_tokens
 from specdec.verifiers import GreedyVerifier
 
-from .tiny_pairs import left_padded, perturbed_copy, tiny_llama
+from .conftest import Recorder, left_padded, perturbed_copy, tiny_llama
 
 VOCAB = 32
 PROMPTS = [[1, 2, 3, 1, 2], [4, 5], [6, 7, 8, 9, 10, 11, 6, 7], [12]]
@@ -306,15 +305,6 @@ class TestOptions:
     def test_initial_k_defaults_inside_the_range(self):
         assert CostAwareLookahead(max_k=2).choose(1, torch.tensor([0.5]), torch.tensor([9])).k == 2
 
-
-class Recorder(Observer):
-    name = "recorder"
-
-    def __init__(self):
-        self.steps = []
-
-    def on_step(self, state, step):
-        self.steps.append(step)
 
 
 @pytest.fixture(scope="module")

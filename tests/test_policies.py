@@ -11,12 +11,11 @@ import torch
 from specdec import ConfigError, SpeculativeDecoder, Step, Verdict
 from specdec.core.types import Draft
 from specdec.drafters import ModelDrafter
-from specdec.observers import Observer
 from specdec.plugins import get_registry
 from specdec.policies import DraftConfidenceLookahead, TargetConfidenceLookahead
 from specdec.verifiers import GreedyVerifier
 
-from .tiny_pairs import drafts_and_budgets, left_padded, perturbed_copy, tiny_llama
+from .conftest import Recorder, drafts_and_budgets, left_padded, perturbed_copy, tiny_llama
 
 VOCAB = 32
 PROMPTS = [[1, 2, 3, 1, 2], [4, 5], [6, 7, 8, 9, 10, 11, 6, 7], [12]]  # left-padded into one batch
@@ -32,17 +31,6 @@ def target():
 def draft_model(target):
     return perturbed_copy(target, 0.1)  # accepts some drafts, rejects more
 
-
-class Recorder(Observer):
-    """Keeps every Step the loop reports."""
-
-    name = "recorder"
-
-    def __init__(self):
-        self.steps: list[Step] = []
-
-    def on_step(self, state, step):
-        self.steps.append(step)
 
 
 def run(target, draft_model, policy):

@@ -17,7 +17,7 @@ from specdec.policies import ConstantLookahead
 from specdec.verifiers import GreedyVerifier, RejectionVerifier
 from specdec.verifiers.greedy import greedy_verdict
 
-from .tiny_pairs import left_padded, perturbed_copy, tiny_llama
+from .conftest import left_padded, perturbed_copy, tiny_llama
 
 VOCAB = 8
 NEW_TOKENS = 3

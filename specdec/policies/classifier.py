@@ -32,7 +32,8 @@ import torch
 from ..errors import ConfigError
 from ..core.hookspecs import hookimpl
 from ..core.components import LookaheadPolicy
-from .draft_confidence import AUTO, CostStop, at_least_one, probability
+from .constant import integer
+from .draft_confidence import AUTO, CostStop, probability
 
 FEATURES = ("token_prob", "entropy", "position", "target_confidence")
 FORMAT = "specdec-classifier"
@@ -215,12 +216,11 @@ class ClassifierLookahead(LookaheadPolicy):
     """
 
     name = "classifier"
-    stops_early = True
     allows_auto = True
 
     weights: str | Path | StopClassifier = attrs.field(validator=_weights)
     threshold: float | str = attrs.field(default=0.5, validator=probability)
-    max_tokens: int = attrs.field(default=20, validator=at_least_one)
+    max_tokens: int = attrs.field(default=20, validator=integer(1))
     _model: StopClassifier = attrs.field(init=False, repr=False)
     _confidence: torch.Tensor | None = attrs.field(default=None, init=False, repr=False)
     _confidence_now: torch.Tensor | None = attrs.field(default=None, init=False, repr=False)

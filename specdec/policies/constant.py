@@ -9,9 +9,11 @@ from ..core.hookspecs import hookimpl
 from ..core.components import LookaheadPolicy
 
 
-def non_negative(instance, attribute, value):
-    if value < 0:
-        raise ValueError(f"{attribute.name} must be at least 0, got {value}")
+def integer(minimum: int) -> list:
+    """attrs validators: an int (not a bool) of at least ``minimum``; the registry turns their
+    errors into ConfigErrors naming the plugin and the option."""
+    return [attrs.validators.instance_of(int), attrs.validators.not_(attrs.validators.instance_of(bool)),
+            attrs.validators.ge(minimum)]
 
 
 @attrs.define(eq=False)
@@ -20,7 +22,7 @@ class ConstantLookahead(LookaheadPolicy):
 
     name = "constant"
 
-    k: int = attrs.field(default=5, validator=[attrs.validators.instance_of(int), non_negative])
+    k: int = attrs.field(default=5, validator=integer(0))
 
     def lookahead(self, state) -> torch.Tensor:
         return torch.full((state.active,), self.k, dtype=torch.long)

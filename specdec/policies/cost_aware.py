@@ -43,14 +43,7 @@ import torch
 
 from ..core.components import LookaheadPolicy
 from ..core.hookspecs import hookimpl
-
-
-def _integer(minimum: int):
-    def check(instance, attribute, value):
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ValueError(f"{attribute.name} must be an integer of at least {minimum}, got {value!r}")
-
-    return check
+from .constant import integer
 
 
 def _fraction(low_open: bool):
@@ -82,7 +75,8 @@ def _max_k(instance, attribute, value):
 def _initial_k(instance, attribute, value):
     if value is None:
         return
-    _integer(1)(instance, attribute, value)
+    for check in integer(1):
+        check(instance, attribute, value)
     if not instance.min_k <= value <= instance.max_k:
         raise ValueError(f"initial_k ({value}) must lie between min_k ({instance.min_k}) and max_k ({instance.max_k})")
 
@@ -201,8 +195,8 @@ class CostAwareLookahead(LookaheadPolicy):
 
     name = "cost-aware"
 
-    min_k: int = attrs.field(default=1, validator=_integer(1))
-    max_k: int = attrs.field(default=8, validator=[_integer(1), _max_k])
+    min_k: int = attrs.field(default=1, validator=integer(1))
+    max_k: int = attrs.field(default=8, validator=[*integer(1), _max_k])
     initial_k: int | None = attrs.field(default=None, validator=_initial_k)  # None: 4, within [min_k, max_k]
     probe_rate: float = attrs.field(default=1 / 32, validator=_fraction(low_open=False))
     decay: float = attrs.field(default=0.98, validator=_fraction(low_open=True))

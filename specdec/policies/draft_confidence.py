@@ -12,6 +12,7 @@ import torch
 
 from ..core.hookspecs import hookimpl
 from ..core.components import LookaheadPolicy
+from .constant import integer
 from .cost_aware import Calibration, DraftTimer
 
 AUTO = "auto"
@@ -27,9 +28,6 @@ def probability(instance, attribute, value):
         raise ValueError(f"{attribute.name} must be a probability between 0 and 1{also}, got {value!r}")
 
 
-def at_least_one(instance, attribute, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{attribute.name} must be an integer of at least 1, got {value!r}")
 
 
 def confident(token_probs: torch.Tensor | None, threshold: float) -> torch.Tensor | None:
@@ -90,11 +88,10 @@ class DraftConfidenceLookahead(LookaheadPolicy):
     """
 
     name = "draft-confidence"
-    stops_early = True
     allows_auto = True
 
     threshold: float | str = attrs.field(default=0.4, validator=probability)
-    max_tokens: int = attrs.field(default=20, validator=at_least_one)
+    max_tokens: int = attrs.field(default=20, validator=integer(1))
     _stop: CostStop | None = attrs.field(default=None, init=False, repr=False)
 
     def begin(self, state, target) -> None:

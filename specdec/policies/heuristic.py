@@ -12,12 +12,7 @@ import torch
 
 from ..core.hookspecs import hookimpl
 from ..core.components import LookaheadPolicy
-from .constant import non_negative
-
-
-def _at_least_one(instance, attribute, value):
-    if value < 1:
-        raise ValueError(f"{attribute.name} must be at least 1, got {value}")
+from .constant import integer
 
 
 def _not_below_min(instance, attribute, value):
@@ -31,10 +26,10 @@ class HeuristicLookahead(LookaheadPolicy):
 
     name = "heuristic"
 
-    initial: int = attrs.field(default=5, validator=[attrs.validators.instance_of(int), _at_least_one])
-    increase: int = attrs.field(default=2, validator=[attrs.validators.instance_of(int), non_negative])
-    decrease: int = attrs.field(default=1, validator=[attrs.validators.instance_of(int), non_negative])
-    min_tokens: int = attrs.field(default=1, validator=[attrs.validators.instance_of(int), _at_least_one])
+    initial: int = attrs.field(default=5, validator=integer(1))
+    increase: int = attrs.field(default=2, validator=integer(0))
+    decrease: int = attrs.field(default=1, validator=integer(0))
+    min_tokens: int = attrs.field(default=1, validator=integer(1))
     max_tokens: int = attrs.field(default=32, validator=[attrs.validators.instance_of(int), _not_below_min])
     _k: torch.Tensor | None = attrs.field(default=None, init=False, repr=False)
 

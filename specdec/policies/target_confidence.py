@@ -20,7 +20,8 @@ import torch
 from ..core.hookspecs import hookimpl
 from ..core.components import LookaheadPolicy
 from .cost_aware import Calibration, CostAwareLookahead
-from .draft_confidence import AUTO, at_least_one, confident, probability
+from .constant import integer
+from .draft_confidence import AUTO, confident, probability
 
 
 @attrs.define(eq=False)
@@ -31,16 +32,12 @@ class TargetConfidenceLookahead(LookaheadPolicy):
     allows_auto = True
 
     threshold: float | str = attrs.field(default=0.5, validator=probability)
-    k: int = attrs.field(default=5, validator=at_least_one)
+    k: int = attrs.field(default=5, validator=integer(1))
     draft_threshold: float | None = attrs.field(default=None, validator=probability)
     _confidence: torch.Tensor | None = attrs.field(default=None, init=False, repr=False)
     _planner: CostAwareLookahead | None = attrs.field(default=None, init=False, repr=False)
     _calibration: Calibration | None = attrs.field(default=None, init=False, repr=False)
     _asked: torch.Tensor | None = attrs.field(default=None, init=False, repr=False)
-
-    @property
-    def stops_early(self) -> bool:
-        return self.draft_threshold is not None
 
     def begin(self, state, target) -> None:
         self._confidence = torch.full((state.batch_size,), float("nan"))  # [R] CPU by original row; NaN: unknown
