@@ -33,7 +33,7 @@ import torch
 
 from ..core.components import Drafter
 from ..core.hookspecs import hookimpl
-from ..core.sampling import sample
+from ..core.drafting import TokenByToken
 from ..core.types import Draft
 from ..errors import ConfigError, IncompatibleModelsError
 
@@ -254,42 +254,19 @@ class HiddenStateDrafter(Drafter):
     def propose(self, state, max_tokens, keep_drafting) -> Draft:
         if not self._started:  # the target has not read the prompt yet: a plain target step does
             return Draft.empty(state.active, state.device)
-        width, device, batch = int(max_tokens.max()), state.device, state.active
-        limit = max_tokens.to(device, non_blocking=True)
-        tokens = torch.zeros(batch, width, dtype=torch.long, device=device)  # [B, K]
-        token_probs = torch.zeros(batch, width, dtype=torch.float32, device=device)  # [B, K]
-        lengths = torch.zeros(batch, dtype=torch.long, device=device)
-        drafting, probs, fed, embed, drafted = limit > 0, None, None, self._inputs(state), 0
-        for j in range(width):
+        draft, fed, embed, last = TokenByToken(state, max_tokens), None, self._inputs(state), self._hidden.shape[1] - 1
+        while True:
             logits, predicted = self._cached.read(state, fed, embed=embed, hidden=True)  # [B, 1, V'], [B, n, H]
+            state.draft_calls += 1
             # The predicted hidden state at the last position read feeds the next drafted token.
-            self._hidden[state.rows, self._cached.positions[:, -1].clamp(max=self._hidden.shape[1] - 1)] = predicted[:, -1]
-            full = torch.full((batch, 1, self._vocab), float("-inf"), device=device)  # [B, 1, V]
+            self._hidden[state.rows, self._cached.positions[:, -1].clamp(max=last)] = predicted[:, -1]
+            full = torch.full((state.active, 1, self._vocab), float("-inf"), device=state.device)  # [B, 1, V]
             full[:, 0, self.head.token_map] = logits[:, -1].float()
-            scores = state.process(full, tokens[:, :j])[:, 0]  # [B, V]: the target's processors too
-            q = torch.softmax(scores, dim=-1)  # zero outside the token map
-            if state.do_sample:
-                token = sample(q, state.generator)
-                if probs is None:
-                    probs = torch.zeros(batch, width, q.shape[-1], dtype=torch.float32, device=device)
-                probs[:, j] = q
-            else:
-                token = scores.argmax(-1)
-            tokens[:, j] = token
-            token_probs[:, j] = q.gather(1, token[:, None])[:, 0]
-            lengths += drafting
-            drafted = j + 1
-            if drafted == width:
+            token = draft.add(state.process(full, draft.so_far)[:, 0])  # q is zero outside the token map
+            if not draft.more(keep_drafting):
                 break
-            drafting = drafting & (limit > drafted)
-            keep = keep_drafting(j, token, token_probs[:, j], q)
-            if keep is not None:
-                drafting = drafting & keep
-                if not bool(drafting.any()):
-                    break
             fed = token[:, None]
-        return Draft(tokens=tokens[:, :drafted], lengths=lengths, token_probs=token_probs[:, :drafted],
-                     probs=None if probs is None else probs[:, :drafted])
+        return draft.draft()
 
     def on_step(self, state, step) -> None:
         if step.hidden_states is not None:

@@ -22,7 +22,7 @@ import torch
 
 from ..core.components import Drafter
 from ..core.hookspecs import hookimpl
-from ..core.sampling import sample
+from ..core.drafting import TokenByToken
 from ..core.types import Draft
 from ..errors import ConfigError, IncompatibleModelsError
 
@@ -115,52 +115,17 @@ class ModelDrafter(Drafter):
 
     @torch.no_grad()
     def propose(self, state, max_tokens, keep_drafting) -> Draft:
-        width = int(max_tokens.max())
-        device = state.device
-        limit = max_tokens.to(device, non_blocking=True)  # [B]
-        batch = state.active
-        tokens = torch.zeros(batch, width, dtype=torch.long, device=device)  # [B, K]
-        token_probs = torch.zeros(batch, width, dtype=torch.float32, device=device)  # [B, K]
-        probs = None
-        lengths = torch.zeros(batch, dtype=torch.long, device=device)
-        drafting = limit > 0  # [B]
-
+        draft = TokenByToken(state, max_tokens)
         fed = None  # the first read of a round catches up on the committed tokens by itself
-        drafted = 0
-        for j in range(width):
+        while True:
             logits = self._cached.read(state, fed)[:, -1]  # [B, V]
             state.draft_calls += 1
-            scores = state.process(logits.float()[:, None], tokens[:, :j])[:, 0]  # [B, V]
-            q = torch.softmax(scores, dim=-1)  # [B, V] fp32
-            if state.do_sample:
-                # q (the target's warpers applied to the draft's scores) is exactly what the token is
-                # drawn from and what the rejection verifier divides by.
-                token = sample(q, state.generator)
-                if probs is None:
-                    probs = torch.zeros(batch, width, q.shape[-1], dtype=torch.float32, device=device)
-                probs[:, j] = q
-            else:
-                token = scores.argmax(-1)
-            tokens[:, j] = token
-            token_probs[:, j] = q.gather(1, token[:, None])[:, 0]
-            lengths += drafting
-            drafted = j + 1
-            if drafted == width:
+            token = draft.add(state.process(logits.float()[:, None], draft.so_far)[:, 0])  # [B]
+            if not draft.more(keep_drafting):
                 break
-            drafting = drafting & (limit > drafted)
-            keep = keep_drafting(j, token, token_probs[:, j], q)
-            if keep is not None:
-                drafting = drafting & keep
-                if not bool(drafting.any()):
-                    break
             fed = token[:, None]
-        self._drafts_fed = drafted - 1
-        return Draft(
-            tokens=tokens[:, :drafted],
-            lengths=lengths,
-            probs=None if probs is None else probs[:, :drafted],
-            token_probs=token_probs[:, :drafted],
-        )
+        self._drafts_fed = draft.drafted - 1
+        return draft.draft()
 
     def on_step(self, state, step) -> None:
         # Of the drafts it read (all but the last it drafted), the accepted ones stay in its cache.

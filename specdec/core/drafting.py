@@ -1,0 +1,70 @@
+"""A draft built one token per forward, shared by every drafter that drafts with a model."""
+
+from __future__ import annotations
+
+import torch
+
+from .sampling import sample
+from .types import Draft
+
+
+class TokenByToken:
+    """Collects a draft token by token: picks each token from the processed scores (argmax, or a
+    sample when sampling), keeps the draft's probabilities q, counts each row's length and says when
+    to stop (every row at its budget, or the policy's ``keep_drafting`` says no row goes on).
+    A drafter calls its model, then ``add`` with the processed scores, then ``more``.
+    """
+
+    def __init__(self, state, max_tokens: torch.Tensor):  # max_tokens [B] CPU
+        self.state = state
+        self.width = int(max_tokens.max())
+        device, batch = state.device, state.active
+        self.limit = max_tokens.to(device, non_blocking=True)  # [B]
+        self.tokens = torch.zeros(batch, self.width, dtype=torch.long, device=device)  # [B, K]
+        self.token_probs = torch.zeros(batch, self.width, dtype=torch.float32, device=device)  # [B, K]
+        self.probs: torch.Tensor | None = None  # [B, K, V] when sampling
+        self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
+        self.drafting = self.limit > 0  # [B]
+        self.drafted = 0
+
+    @property
+    def so_far(self) -> torch.Tensor:
+        """[B, j] the tokens drafted before the next one (what processors see after the committed ones)."""
+        return self.tokens[:, : self.drafted]
+
+    def add(self, scores: torch.Tensor) -> torch.Tensor:  # scores [B, V] fp32, processed -> token [B]
+        j, state = self.drafted, self.state
+        q = torch.softmax(scores, dim=-1)  # [B, V] fp32
+        if state.do_sample:
+            # q (the target's warpers applied to the draft's scores) is exactly what the token is
+            # drawn from and what the rejection verifier divides by.
+            token = sample(q, state.generator)
+            if self.probs is None:
+                self.probs = torch.zeros(*self.tokens.shape, q.shape[-1], dtype=torch.float32, device=q.device)
+            self.probs[:, j] = q
+        else:
+            token = scores.argmax(-1)
+        self.tokens[:, j] = token
+        self.token_probs[:, j] = q.gather(1, token[:, None])[:, 0]
+        self.lengths += self.drafting
+        self.drafted = j + 1
+        self._q = q
+        return token
+
+    def more(self, keep_drafting) -> bool:
+        """Whether to draft another token: some row is under its budget and the policy lets it go on."""
+        if self.drafted == self.width:
+            return False
+        self.drafting = self.drafting & (self.limit > self.drafted)
+        j = self.drafted - 1
+        keep = keep_drafting(j, self.tokens[:, j], self.token_probs[:, j], self._q)
+        if keep is not None:
+            self.drafting = self.drafting & keep
+            if not bool(self.drafting.any()):  # the policy's opt-in sync
+                return False
+        return True
+
+    def draft(self) -> Draft:
+        drafted = self.drafted
+        return Draft(tokens=self.tokens[:, :drafted], lengths=self.lengths, token_probs=self.token_probs[:, :drafted],
+                     probs=None if self.probs is None else self.probs[:, :drafted])
