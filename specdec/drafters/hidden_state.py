@@ -46,7 +46,7 @@ FORMAT = "specdec-hidden-state-head"
 FORMAT_VERSION = "1"
 
 
-def target_parts(target: PreTrainedModel, who: str = "drafter 'hidden_state'"):
+def target_parts(target: PreTrainedModel, who: str = "drafter 'hidden-state'"):
     """``(embedding, lm_head weight [V, H], hidden size)`` of a decoder-only target, or a clear refusal."""
     if target.config.is_encoder_decoder:
         raise IncompatibleModelsError(f"{who}: the target {type(target).__name__} is encoder-decoder; the "
@@ -146,7 +146,7 @@ class HiddenStateHead(torch.nn.Module):
         return path
 
     @classmethod
-    def load(cls, path: str | Path, target: PreTrainedModel, who: str = "drafter 'hidden_state'") -> HiddenStateHead:
+    def load(cls, path: str | Path, target: PreTrainedModel, who: str = "drafter 'hidden-state'") -> HiddenStateHead:
         """A saved head, checked against ``target`` (architecture, hidden size, vocabulary)."""
         from safetensors import safe_open
 
@@ -187,7 +187,7 @@ class HiddenStateHead(torch.nn.Module):
 
 def _head(instance, attribute, value):
     if not isinstance(value, (HiddenStateHead, str, Path)):
-        raise ConfigError(f"drafter 'hidden_state': 'head' must be a HiddenStateHead or a path, got {type(value).__name__}")
+        raise ConfigError(f"drafter 'hidden-state': 'head' must be a HiddenStateHead or a path, got {type(value).__name__}")
 
 
 @attrs.define(eq=False)
@@ -197,7 +197,7 @@ class HiddenStateDrafter(Drafter):
     ``head``: a ``HiddenStateHead`` or the path of one saved by ``specdec drafter train``.
     """
 
-    name = "hidden_state"
+    name = "hidden-state"
     wants_hidden_states = True
 
     head: HiddenStateHead | str = attrs.field(validator=_head)
@@ -288,4 +288,4 @@ class HiddenStateDrafter(Drafter):
 
 @hookimpl
 def specdec_register(registry):
-    registry.register_drafter("hidden_state", HiddenStateDrafter)
+    registry.register_drafter("hidden-state", HiddenStateDrafter)
