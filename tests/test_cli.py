@@ -338,7 +338,7 @@ class TestPluginListing:
 
 
 class TestStartUp:
-    """--help, --version and argument errors import neither torch nor transformers."""
+    """--help, --version, argument errors and plugins import neither torch nor transformers."""
 
     def test_help_and_version_stay_light(self):
         code = textwrap.dedent("""
@@ -356,6 +356,23 @@ class TestStartUp:
                                 env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
         assert "HEAVY []" in result.stdout, result.stdout + result.stderr
         assert "specdec 0.1.0" in result.stdout
+
+    def test_plugins_lists_without_loading_torch(self):
+        """Listing reads the strategies' options; torch is only a stand-in that is never asked for anything."""
+        code = textwrap.dedent("""
+            import sys
+            from specdec.cli import app
+            try:
+                app(["plugins"], prog_name="specdec")
+            except SystemExit:
+                pass
+            from specdec.core.deferred import _DeferredTorch
+            print("TORCH", type(sys.modules.get("torch")).__name__, "transformers" in sys.modules)
+        """)
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+        assert "TORCH _DeferredTorch False" in result.stdout, result.stdout + result.stderr
+        assert "hidden-state" in result.stdout and "cost-aware" in result.stdout  # the listing itself
 
     def test_version(self):
         result = runner.invoke(app, ["--version"])

@@ -29,9 +29,11 @@ def _options_text(entry) -> str:
 
 def plugins(as_json: bool = typer.Option(False, "--json", help="Print machine-readable JSON")):
     """List every registered drafter, policy, verifier and observer, with options and package."""
+    from ..core.deferred import deferred_torch
     from ..plugins.manager import load_plugins
 
-    loaded = load_plugins(refresh=True)
+    with deferred_torch():  # listing reads the strategies' options; it never needs a tensor
+        loaded = load_plugins(refresh=True)
     entries = loaded.registry.entries()
     if as_json:
         document = {

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import attrs
-import torch
 
 from ..core.components import Drafter
+from ..core.deferred import no_grad
 from ..core.hookspecs import hookimpl
 from ..core.drafting import TokenByToken
 from ..core.types import Draft
@@ -113,7 +113,7 @@ class ModelDrafter(Drafter):
         self._cached = CachedModel(self._start_runner(state))
         self._cached.begin(state)
 
-    @torch.no_grad()
+    @no_grad
     def propose(self, state, max_tokens, keep_drafting) -> Draft:
         draft = TokenByToken(state, max_tokens)
         fed = None  # the first read of a round catches up on the committed tokens by itself

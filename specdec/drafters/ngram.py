@@ -11,6 +11,7 @@ import attrs
 import torch
 
 from ..core.types import Draft
+from ..core.deferred import no_grad
 from ..core.hookspecs import hookimpl
 from ..core.components import Drafter
 
@@ -37,7 +38,7 @@ class NGramDrafter(Drafter):
     max_ngram: int = attrs.field(default=3, validator=[attrs.validators.instance_of(int), _positive])
     min_ngram: int = attrs.field(default=1, validator=[attrs.validators.instance_of(int), _positive, _not_above_max])
 
-    @torch.no_grad()
+    @no_grad
     def propose(self, state, max_tokens, keep_drafting) -> Draft:
         # The lookup runs on the host copy of the committed tokens, as vLLM's n-gram proposer does:
         # it costs no device sync, and the draft is exactly as wide as the longest proposal, so the

@@ -19,7 +19,8 @@ import attrs
 import torch
 
 from ..core.types import token_id_list
-from ..drafters.hidden_state import HiddenStateHead, head_config, target_parts
+from ..drafters.hidden_state import head_config, target_parts
+from ..drafters.hidden_state_head import HiddenStateHead
 from ..errors import InputError
 
 

@@ -1,0 +1,122 @@
+"""The model of the ``hidden-state`` drafter (drafters/hidden_state.py): one decoder layer of the
+target's architecture that predicts the target's next hidden state, read out through the target's
+own LM head rows of a reduced vocabulary; saved and loaded as safetensors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..errors import ConfigError, IncompatibleModelsError
+from .hidden_state import FORMAT, FORMAT_VERSION, head_config, target_parts
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+
+class HiddenStateHead(torch.nn.Module):
+    """``fc`` (2H -> H) then one decoder layer of the target's architecture; logits over ``token_map``.
+
+    ``forward`` looks like a causal LM's to the runners: ``inputs_embeds`` are ``[embedding of token p,
+    hidden state at p - 1]`` (2H wide); ``logits`` are over the reduced vocabulary and
+    ``hidden_states[-1]`` is the predicted hidden state at p.
+    """
+
+    def __init__(self, config, token_map: torch.Tensor):
+        from transformers import AutoModel
+
+        super().__init__()
+        self.config = config
+        hidden = config.hidden_size
+        self.fc = torch.nn.Linear(2 * hidden, hidden, bias=False)
+        self.decoder = AutoModel.from_config(config)
+        self.register_buffer("token_map", token_map.long().clone(), persistent=True)
+        self._readout: torch.Tensor | None = None  # [V', H]: the target's LM head rows, set by attach
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.fc.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.fc.weight.device
+
+    def attach(self, lm_head_weight: torch.Tensor) -> None:
+        """Read out through these LM head rows (the target's, frozen)."""
+        self._readout = lm_head_weight.detach()[self.token_map.to(lm_head_weight.device)]
+
+    def readout(self, hidden: torch.Tensor) -> torch.Tensor:  # [..., H] -> [..., V']
+        return hidden @ self._readout.T
+
+    def forward(self, inputs_embeds=None, attention_mask=None, position_ids=None, past_key_values=None,
+                use_cache=None, output_hidden_states=None, logits_to_keep: int = 0, **kwargs):
+        from transformers.modeling_outputs import CausalLMOutputWithPast
+
+        out = self.decoder(inputs_embeds=self.fc(inputs_embeds), attention_mask=attention_mask,
+                           position_ids=position_ids, past_key_values=past_key_values, use_cache=use_cache)
+        predicted = out.last_hidden_state  # [B, n, H]
+        kept = predicted[:, -logits_to_keep:] if logits_to_keep else predicted
+        return CausalLMOutputWithPast(logits=self.readout(kept), past_key_values=out.past_key_values,
+                                      hidden_states=(predicted,))
+
+    # --- files ---------------------------------------------------------------------------------
+
+    def save(self, path: str | Path, metadata: dict[str, str] | None = None) -> Path:
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tensors = {name: value.detach().contiguous().cpu() for name, value in self.state_dict().items()}
+        info = {
+            "format": FORMAT, "format_version": FORMAT_VERSION,
+            "config": json.dumps(self.config.to_dict()),
+            "hidden_size": str(self.config.hidden_size),
+            "model_type": str(self.config.model_type),
+            **(metadata or {}),
+        }
+        temporary = path.with_suffix(path.suffix + ".tmp")
+        save_file(tensors, str(temporary), metadata=info)
+        temporary.replace(path)  # nothing written half-way
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path, target: PreTrainedModel, who: str = "drafter 'hidden-state'") -> HiddenStateHead:
+        """A saved head, checked against ``target`` (architecture, hidden size, vocabulary)."""
+        from safetensors import safe_open
+
+        path = Path(path).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"{who}: head file {str(path)!r} does not exist")
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                info = handle.metadata() or {}
+                tensors = {name: handle.get_tensor(name) for name in handle.keys()}
+        except Exception as exc:  # noqa: BLE001 - safetensors raises several kinds
+            raise ConfigError(f"{who}: {path} is not a safetensors file: {exc}") from None
+        if info.get("format") != FORMAT:
+            raise ConfigError(f"{who}: {path} is not a hidden-state head (format {info.get('format')!r})")
+        _, weight, hidden = target_parts(target, who)
+        target_type = target.config.get_text_config(decoder=True).model_type
+        if info.get("model_type") != target_type or int(info.get("hidden_size", -1)) != hidden:
+            raise IncompatibleModelsError(
+                f"{who}: {path} was trained for a {info.get('model_type')} target of hidden size "
+                f"{info.get('hidden_size')}; this target is a {target_type} of hidden size {hidden}"
+            )
+        token_map = tensors["token_map"]
+        if int(token_map.max()) >= weight.shape[0] or int(token_map.min()) < 0:
+            raise IncompatibleModelsError(
+                f"{who}: {path}'s token map holds id {int(token_map.max())}, outside the target's vocabulary of "
+                f"{weight.shape[0]}"
+            )
+        config = head_config(target.config)
+        head = cls(config, token_map)
+        missing, unexpected = head.load_state_dict(tensors, strict=False)
+        if missing or unexpected:
+            raise IncompatibleModelsError(
+                f"{who}: {path} does not fit a one-layer {target_type} head (missing {missing[:3]}, unexpected "
+                f"{unexpected[:3]})"
+            )
+        return head.to(device=target.device, dtype=target.dtype).eval()
