@@ -17,7 +17,7 @@ LAYERS = [
     {"plugins"},
     {"config"},
     {"decoding"},
-    {"training", "whisper", "bench", "audio"},
+    {"training", "whisper", "bench", "audio", "convert"},
     {"cli"},
 ]
 LEVEL = {part: level for level, parts in enumerate(LAYERS) for part in parts}

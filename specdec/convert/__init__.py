@@ -1,0 +1,1 @@
+"""Converting checkpoints into plain Transformers folders (GGUF today)."""
