@@ -222,9 +222,9 @@ def build(target_path: str, out: Path, seed: int = 0, self_count: int = 96, self
     pairs = [p for p in pairs if p["prompt"] not in heldout]
     rng.shuffle(pairs)
     pairs = pairs[:max_pairs]
-    if self_count:
-        pairs += generate_answers(target_path, self_prompts(rng, self_count, heldout), self_tokens, batch_size,
-                                  threads)
+    if self_count:  # first, so that a token budget (``specdec drafter train --max-tokens``) keeps them
+        pairs = generate_answers(target_path, self_prompts(rng, self_count, heldout), self_tokens, batch_size,
+                                 threads) + pairs
     tokenizer = AutoTokenizer.from_pretrained(target_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     counts: dict[str, int] = {}

@@ -104,7 +104,7 @@ def contenders(run: str, target, head, heuristic_max: int):
     if batch == 1:
         found["prompt lookup (10)"] = plain(prompt_lookup_num_tokens=10)
     found["specdec ngram heuristic"] = spec(NGramDrafter(max_ngram=3), HeuristicLookahead())
-    ks = (2, 3, 4) if (batch == 1 and not sampled) else (3,)
+    ks = (2, 3, 4) if (batch == 1 and not sampled) else (2, 3)
     for k in ks:
         found[f"specdec hidden_state k={k}"] = spec(HiddenStateDrafter(head), ConstantLookahead(k=k))
     found["specdec hidden_state heuristic"] = spec(HiddenStateDrafter(head),
@@ -137,6 +137,7 @@ def run_one(run: str, target, tokenizer, head, prompts, args) -> dict:
     records = {n: [defaultdict(lambda: {"time": 0.0, "tokens": 0, "drafted": [0] * 64, "accepted": [0] * 64,
                                         "row_steps": 0}) for _ in range(args.repeats)] for n in names}
     exact = {n: [0, 0] for n in names}  # identical rows, rows (greedy only)
+    failed: dict[str, str] = {}
     for repeat in range(args.repeats):
         for g, (kind, inputs) in enumerate(groups):
             shift = (repeat + g) % len(names)
@@ -144,6 +145,8 @@ def run_one(run: str, target, tokenizer, head, prompts, args) -> dict:
             reference = None
             outputs = {}
             for name in order:
+                if name in failed:
+                    continue
                 kwargs = dict(gen)
                 if sampled:
                     seed = 1000 * repeat + g
@@ -151,7 +154,12 @@ def run_one(run: str, target, tokenizer, head, prompts, args) -> dict:
                     if name.startswith("specdec"):
                         kwargs["generator"] = torch.Generator().manual_seed(seed)
                 started = time.perf_counter()
-                sequences, positions = named[name](inputs, kwargs)
+                try:
+                    sequences, positions = named[name](inputs, kwargs)
+                except Exception as exc:  # noqa: BLE001 - report it, keep the others running
+                    failed[name] = f"{type(exc).__name__}: {exc}"
+                    print(f"[{run}] {name} failed: {failed[name]}", file=sys.stderr, flush=True)
+                    continue
                 seconds = time.perf_counter() - started
                 rows = new_tokens(sequences, inputs["input_ids"].shape[1], eos)
                 outputs[name] = rows
@@ -166,12 +174,14 @@ def run_one(run: str, target, tokenizer, head, prompts, args) -> dict:
             if not sampled:
                 reference = outputs["target"]
                 for name in names:
-                    if name.startswith("specdec") or name.startswith("prompt"):
+                    if name in outputs and name != "target":
                         exact[name][0] += sum(a == b for a, b in zip(outputs[name], reference))
                         exact[name][1] += len(reference)
             print(f"[{run}] repeat {repeat + 1}/{args.repeats} group {g + 1}/{len(groups)} ({kind}) done",
                   file=sys.stderr, flush=True)
-    return summarise(run, names, records, exact, args.repeats)
+    result = summarise(run, [n for n in names if n not in failed], records, exact, args.repeats)
+    result["failed"] = failed
+    return result
 
 
 def summarise(run, names, records, exact, repeats) -> dict:

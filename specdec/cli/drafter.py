@@ -48,6 +48,17 @@ def read_corpus(path: Path) -> list[str]:
     return texts
 
 
+def first_tokens(texts: list[str], tokenizer, budget: int) -> list[str]:
+    """The first texts whose tokens (with one eos each) fit ``budget``; at least one."""
+    kept, used = [], 0
+    for text in texts:
+        used += len(tokenizer(text, add_special_tokens=False)["input_ids"]) + 1
+        if kept and used > budget:
+            break
+        kept.append(text)
+    return kept
+
+
 @drafter_app.command("train")
 def train(
     target: str = typer.Option(..., "--target", help="The target model: a folder or a hub id."),
@@ -60,6 +71,7 @@ def train(
     lr: float = typer.Option(1e-3, help="Peak learning rate (AdamW)."),
     schedule: str = typer.Option("cosine", help="constant | cosine."),
     max_texts: int = typer.Option(0, help="Use only the first N texts (0: all)."),
+    max_tokens: int = typer.Option(0, help="Use only the first texts up to this many tokens (0: all)."),
     holdout: float = typer.Option(0.05, help="Share of rows held out to measure top-1 agreement."),
     feature_cache: Optional[Path] = typer.Option(None, help="Keep the target's hidden states in this file."),
     threads: int = typer.Option(0, help="torch threads (0: torch's default)."),
@@ -87,6 +99,8 @@ def train(
         with console.status(f"loading {target}"):
             model = AutoModelForCausalLM.from_pretrained(target, dtype=torch_dtype).eval()
             tokenizer = AutoTokenizer.from_pretrained(target)
+        if max_tokens:
+            texts = first_tokens(texts, tokenizer, max_tokens)
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    TimeRemainingColumn())
         with Progress(*columns, console=console, transient=False) as progress:
