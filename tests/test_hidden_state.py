@@ -174,3 +174,28 @@ class TestHiddenStateAPI:
         ids, mask = left_padded_prompts([5])
         SpeculativeDecoder(target=llama, drafter=Spy(llama_draft)).generate(ids, attention_mask=mask, max_new_tokens=6)
         assert got and all(h is None for h in got)
+
+
+class TestTrainingOptions:
+    def test_features_are_cached_and_reused(self, tmp_path, monkeypatch):
+        """A second run on the same rows reads the target's hidden states from the cache file."""
+        from specdec.training import hidden_state as training
+
+        target = tiny_model("llama")
+        ids, mask = left_padded_prompts([6] * 4, seed=5)
+        texts = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=30).tolist()
+        cache = tmp_path / "features.pt"
+        first = train_hidden_state_head(target, texts, vocab=20, length=16, epochs=2, batch_size=4,
+                                        feature_cache=cache, schedule="cosine")
+        assert cache.is_file()
+        calls = []
+        real = training.target_features
+        monkeypatch.setattr(training, "target_features", lambda *a, **k: calls.append(1) or real(*a, **k))
+        second = train_hidden_state_head(target, texts, vocab=20, length=16, epochs=2, batch_size=4,
+                                         feature_cache=cache, schedule="cosine")
+        assert len(calls) == 1  # the held-out check only: the training rows came from the cache
+        assert torch.equal(first.head.token_map, second.head.token_map)
+
+    def test_an_unknown_schedule_is_refused(self):
+        with pytest.raises(InputError, match="schedule"):
+            train_hidden_state_head(tiny_model("llama"), [[3, 4, 5] * 20], length=16, schedule="linear")

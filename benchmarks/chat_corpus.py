@@ -1,0 +1,261 @@
+"""Build a chat corpus offline for fitting a hidden-state head to a chat model (SmolLM2-135M-Instruct).
+
+Users ask a chat model to explain things, write code, summarise and make things up. Text shipped in
+installed packages gives the first three, as instruction + answer pairs:
+
+* explain:   "Explain what `json.dumps` does."        -> its docstring (Python's own help text)
+* code:      "Write a Python function ... that <doc>." -> the standard library's source of it
+* package:   "What is the Python package X for?"       -> the package's README (its metadata)
+* summarise: "Summarise this passage: <help text>"     -> the passage's first sentences
+
+and the model itself answers a smaller set of prompts of every kind (greedy, batched), so the head
+also sees the model's own style. Every pair is formatted with the model's chat template. The output
+is JSON Lines: {"kind", "source", "prompt", "answer", "text"}; ``text`` is what training reads.
+
+Nothing is downloaded; the same installed packages and seed give the same file. Prompts of the held-out
+benchmark set (benchmarks/smollm2_prompts.jsonl) are never used.
+
+    python benchmarks/chat_corpus.py --target ~/.cache/specdec/models/smollm2-135m-instruct \
+        --out out/smollm2_chat.jsonl --self-prompts 96 --self-tokens 96
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.metadata
+import inspect
+import json
+import random
+import re
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+HELDOUT = HERE / "smollm2_prompts.jsonl"
+
+# Standard-library modules with plenty of documented, pure-Python functions.
+MODULES = [
+    "abc", "argparse", "base64", "bisect", "calendar", "collections", "colorsys", "contextlib", "copy", "csv",
+    "dataclasses", "datetime", "decimal", "difflib", "email.utils", "enum", "filecmp", "fnmatch", "fractions",
+    "functools", "getopt", "gettext", "glob", "gzip", "hashlib", "heapq", "hmac", "html", "http.cookies",
+    "imaplib", "inspect", "ipaddress", "itertools", "json", "keyword", "linecache", "locale", "logging",
+    "mimetypes", "netrc", "ntpath", "numbers", "operator", "optparse", "os", "os.path", "pathlib", "pickle",
+    "pkgutil", "platform", "plistlib", "pprint", "queue", "quopri", "random", "re", "reprlib", "sched",
+    "secrets", "shlex", "shutil", "smtplib", "socket", "statistics", "string", "struct", "subprocess",
+    "tarfile", "tempfile", "textwrap", "threading", "timeit", "tokenize", "traceback", "types", "typing",
+    "urllib.parse", "urllib.request", "uuid", "warnings", "wave", "weakref", "webbrowser", "zipfile",
+    "zoneinfo",
+]
+
+EXPLAIN = ["Explain what `{name}` does.", "What does `{name}` do in Python?", "How do I use `{name}`?",
+           "Can you explain the Python function `{name}`?", "Describe `{name}` briefly."]
+CODE = ["Write a Python function `{short}` that {doc}", "Implement `{short}` in Python: {doc}",
+        "Show me Python code for `{short}`, which should {doc}"]
+PACKAGE = ["What is the Python package `{name}` for?", "Tell me about the `{name}` library.",
+           "Give me an overview of {name}."]
+SUMMARISE = ["Summarise this passage:\n\n{text}", "Summarize the following text in a few sentences:\n\n{text}",
+             "TL;DR:\n\n{text}"]
+
+# Prompts the model answers itself (kinds as in the benchmark; topics disjoint from its prompts).
+CREATIVE_TOPICS = [
+    "a lighthouse keeper", "the first snow of winter", "a robot learning to cook", "an old bicycle",
+    "a city at night", "a cat who hates Mondays", "the ocean", "a forgotten library", "a dragon who is afraid of fire",
+    "a train journey", "autumn leaves", "a time traveller's diary", "a small village bakery", "the moon",
+    "a lost umbrella", "friendship", "a garden in spring", "a detective in Paris", "mountains at dawn",
+    "a talking tree", "the last day of school", "a spaceship crew", "a rainy afternoon", "a pirate's map",
+]
+CREATIVE = ["Write a short poem about {topic}.", "Write a short story about {topic}.",
+            "Write a haiku about {topic}.", "Describe {topic} in a vivid paragraph."]
+CONCEPTS = [
+    "recursion", "a hash table", "photosynthesis", "inflation", "the water cycle", "gravity", "a linked list",
+    "machine learning", "the difference between a list and a tuple in Python", "how vaccines work",
+    "what an API is", "big-O notation", "how a compiler works", "the greenhouse effect", "supply and demand",
+    "what DNA is", "binary numbers", "how the internet works", "object-oriented programming", "climate change",
+    "a neural network", "version control with git", "the French Revolution", "how batteries work",
+]
+EXPLAIN_SELF = ["Explain {concept} in simple terms.", "What is {concept}?", "Can you explain {concept}?"]
+CODE_SELF = ["Write a Python function that {task}.", "Write Python code to {task}."]
+TASKS = [
+    "reverses a string", "checks whether a number is prime", "computes the factorial of n",
+    "counts the vowels in a string", "returns the largest element of a list", "merges two sorted lists",
+    "removes duplicates from a list", "computes the Fibonacci numbers up to n", "checks if a string is a palindrome",
+    "sorts a list of dictionaries by a key", "reads a CSV file and prints each row", "flattens a nested list",
+    "converts Celsius to Fahrenheit", "finds the most common word in a text", "computes the mean of a list",
+    "checks whether two strings are anagrams", "implements binary search", "generates a random password",
+]
+
+
+def _heldout_prompts() -> set[str]:
+    if not HELDOUT.is_file():
+        return set()
+    return {json.loads(line)["prompt"] for line in HELDOUT.read_text().splitlines() if line.strip()}
+
+
+def _clean(doc: str) -> str:
+    return textwrap.dedent(doc).strip()
+
+
+def _first_sentence(doc: str) -> str:
+    line = doc.strip().split("\n\n")[0].replace("\n", " ")
+    line = re.split(r"(?<=[.!?])\s", line)[0].strip()
+    return line
+
+
+def _lower_first(text: str) -> str:
+    text = text.rstrip(".")
+    if not text:
+        return text
+    verb = text[0].lower() + text[1:]
+    # "Return the x" -> "returns the x" reads better after "that"
+    word, _, rest = verb.partition(" ")
+    if word.isalpha() and not word.endswith("s") and word not in ("is", "was"):
+        word += "es" if word.endswith(("sh", "ch", "x")) else "s"
+    return f"{word} {rest}".strip() + "."
+
+
+def stdlib_pairs(rng: random.Random) -> list[dict]:
+    """explain and code pairs from the standard library's docstrings and sources."""
+    pairs = []
+    for module_name in MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except Exception:  # noqa: BLE001 - a module missing on this platform
+            continue
+        for attr in sorted(dir(module)):
+            if attr.startswith("_"):
+                continue
+            obj = getattr(module, attr, None)
+            if not (inspect.isfunction(obj) or inspect.isclass(obj) or inspect.isbuiltin(obj)):
+                continue
+            if getattr(obj, "__module__", None) not in (module_name, module.__name__):
+                continue
+            doc = inspect.getdoc(obj)
+            if not doc or len(doc) < 60:
+                continue
+            name = f"{module_name}.{attr}"
+            answer = _clean(doc)[:2400]
+            pairs.append({"kind": "explain", "source": name, "prompt": rng.choice(EXPLAIN).format(name=name),
+                          "answer": f"`{name}`: {answer}"})
+            if inspect.isfunction(obj):
+                try:
+                    source = inspect.getsource(obj)
+                except (OSError, TypeError):
+                    continue
+                lines = source.count("\n")
+                if 4 <= lines <= 60:
+                    prompt = rng.choice(CODE).format(short=attr, doc=_lower_first(_first_sentence(doc)))
+                    answer = f"Here is an implementation of `{attr}`:\n\n```python\n{textwrap.dedent(source).rstrip()}\n```"
+                    pairs.append({"kind": "code", "source": name, "prompt": prompt, "answer": answer})
+    return pairs
+
+
+def package_pairs(rng: random.Random) -> list[dict]:
+    """package and summarise pairs from the READMEs (long descriptions) of installed distributions."""
+    pairs, seen = [], set()
+    for dist in sorted(importlib.metadata.distributions(), key=lambda d: (d.metadata["Name"] or "").lower()):
+        name = dist.metadata["Name"]
+        if not name or name.lower() in seen:
+            continue
+        seen.add(name.lower())
+        body = dist.metadata.get_payload() or dist.metadata.get("Description") or ""
+        body = re.sub(r"<[^>]+>", "", body)  # html badges
+        body = re.sub(r"!\[[^\]]*\]\([^)]*\)", "", body)  # image links
+        body = re.sub(r"\n{3,}", "\n\n", body).strip()
+        if len(body) < 300:
+            continue
+        pairs.append({"kind": "package", "source": name, "prompt": rng.choice(PACKAGE).format(name=name),
+                      "answer": body[:3000]})
+        paragraphs = [p.strip() for p in body.split("\n\n") if len(p.strip()) > 250 and not p.lstrip().startswith(("```", "|", "#", "-", "*", ">", "    "))]
+        if paragraphs:
+            passage = rng.choice(paragraphs)[:1500]
+            sentences = re.split(r"(?<=[.!?])\s+", passage.replace("\n", " "))
+            summary = " ".join(sentences[:2]).strip()
+            if len(summary) > 40:
+                pairs.append({"kind": "summarise", "source": name,
+                              "prompt": rng.choice(SUMMARISE).format(text=passage), "answer": summary})
+    return pairs
+
+
+def self_prompts(rng: random.Random, count: int, heldout: set[str]) -> list[dict]:
+    """Prompts of every kind for the model to answer itself."""
+    pool = ([{"kind": "creative", "prompt": t.format(topic=x)} for t in CREATIVE for x in CREATIVE_TOPICS]
+            + [{"kind": "explain", "prompt": t.format(concept=x)} for t in EXPLAIN_SELF for x in CONCEPTS]
+            + [{"kind": "code", "prompt": t.format(task=x)} for t in CODE_SELF for x in TASKS])
+    pool = [p for p in pool if p["prompt"] not in heldout]
+    rng.shuffle(pool)
+    return pool[:count]
+
+
+def generate_answers(target_path: str, prompts: list[dict], max_new_tokens: int, batch_size: int,
+                     threads: int) -> list[dict]:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(threads)
+    model = AutoModelForCausalLM.from_pretrained(target_path, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(target_path, padding_side="left")
+    out, started = [], time.perf_counter()
+    for start in range(0, len(prompts), batch_size):
+        chunk = prompts[start : start + batch_size]
+        texts = [tokenizer.apply_chat_template([{"role": "user", "content": p["prompt"]}], tokenize=False,
+                                               add_generation_prompt=True) for p in chunk]
+        batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        with torch.no_grad():
+            generated = model.generate(**batch, do_sample=False, max_new_tokens=max_new_tokens)
+        for p, row in zip(chunk, generated[:, batch["input_ids"].shape[1]:]):
+            answer = tokenizer.decode(row, skip_special_tokens=True).strip()
+            out.append({**p, "source": "self", "answer": answer})
+        print(f"self answers: {len(out)}/{len(prompts)} ({time.perf_counter() - started:.0f}s)", file=sys.stderr)
+    return out
+
+
+def build(target_path: str, out: Path, seed: int = 0, self_count: int = 96, self_tokens: int = 96,
+          max_pairs: int = 6000, batch_size: int = 16, threads: int = 1) -> dict:
+    from transformers import AutoTokenizer
+
+    rng = random.Random(seed)
+    heldout = _heldout_prompts()
+    pairs = stdlib_pairs(rng) + package_pairs(rng)
+    pairs = [p for p in pairs if p["prompt"] not in heldout]
+    rng.shuffle(pairs)
+    pairs = pairs[:max_pairs]
+    if self_count:  # first, so that a token budget (``specdec drafter train --max-tokens``) keeps them
+        pairs = generate_answers(target_path, self_prompts(rng, self_count, heldout), self_tokens, batch_size,
+                                 threads) + pairs
+    tokenizer = AutoTokenizer.from_pretrained(target_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    counts: dict[str, int] = {}
+    temporary = out.with_suffix(out.suffix + ".tmp")
+    with temporary.open("w", encoding="utf-8") as handle:
+        for p in pairs:
+            p["text"] = tokenizer.apply_chat_template(
+                [{"role": "user", "content": p["prompt"]}, {"role": "assistant", "content": p["answer"]}],
+                tokenize=False)
+            counts[p["kind"] if p["source"] != "self" else "self-" + p["kind"]] = counts.get(
+                p["kind"] if p["source"] != "self" else "self-" + p["kind"], 0) + 1
+            handle.write(json.dumps(p, ensure_ascii=False) + "\n")
+    temporary.replace(out)
+    return counts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", required=True, help="the chat model's folder (tokenizer with a chat template)")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-pairs", type=int, default=6000, help="pairs from installed text, at most")
+    parser.add_argument("--self-prompts", type=int, default=96, help="prompts the model answers itself (0: none)")
+    parser.add_argument("--self-tokens", type=int, default=96, help="tokens per self answer")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    counts = build(args.target, args.out, args.seed, args.self_prompts, args.self_tokens, args.max_pairs,
+                   args.batch_size, args.threads)
+    print(json.dumps({"out": str(args.out), "pairs": counts}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""``specdec drafter train``: fit a ``hidden_state`` drafter head to a target on a text corpus.
+
+``drafter_app`` is a typer sub-app; the main CLI mounts it with
+``app.add_typer(drafter_app, name="drafter")``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ..errors import InputError, SpecdecError
+
+drafter_app = typer.Typer(help="Train drafters for a target model.", no_args_is_help=True)
+
+
+@drafter_app.callback()
+def _drafter():
+    """Train drafters for a target model."""
+
+
+def read_corpus(path: Path) -> list[str]:
+    """Texts from ``path``: JSON Lines with a "text" key (a .jsonl suffix or a first line starting with
+    "{"), else plain text split into documents at blank lines."""
+    if not path.is_file():
+        raise InputError(f"corpus {str(path)!r} does not exist")
+    try:
+        content = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"corpus {str(path)!r} is not UTF-8 text: {exc}") from exc
+    lines = [(n, line) for n, line in enumerate(content.splitlines(), 1) if line.strip()]
+    if not lines:
+        raise InputError(f"corpus {str(path)!r} holds no text")
+    if path.suffix != ".jsonl" and not lines[0][1].lstrip().startswith("{"):
+        return [block.strip() for block in content.split("\n\n") if block.strip()]
+    texts = []
+    for n, line in lines:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{path}:{n}: not a JSON object: {exc}") from exc
+        if not isinstance(record, dict) or not isinstance(record.get("text"), str) or not record["text"]:
+            raise InputError(f'{path}:{n}: each JSON line needs a non-empty string "text"')
+        texts.append(record["text"])
+    return texts
+
+
+def first_tokens(texts: list[str], tokenizer, budget: int) -> list[str]:
+    """The first texts whose tokens (with one eos each) fit ``budget``; at least one."""
+    kept, used = [], 0
+    for text in texts:
+        used += len(tokenizer(text, add_special_tokens=False)["input_ids"]) + 1
+        if kept and used > budget:
+            break
+        kept.append(text)
+    return kept
+
+
+@drafter_app.command("train")
+def train(
+    target: str = typer.Option(..., "--target", help="The target model: a folder or a hub id."),
+    corpus: Path = typer.Option(..., "--corpus", help='Text: JSON Lines with a "text" key, or plain text.'),
+    out: Path = typer.Option(..., "--out", help="Where to write the head (safetensors)."),
+    vocab: int = typer.Option(8192, help="Tokens in the head's reduced vocabulary (the target's most frequent)."),
+    length: int = typer.Option(256, help="Tokens per training row."),
+    epochs: int = typer.Option(2, help="Passes over the corpus."),
+    batch_size: int = typer.Option(8, help="Rows per step."),
+    lr: float = typer.Option(1e-3, help="Peak learning rate (AdamW)."),
+    schedule: str = typer.Option("cosine", help="constant | cosine."),
+    max_texts: int = typer.Option(0, help="Use only the first N texts (0: all)."),
+    max_tokens: int = typer.Option(0, help="Use only the first texts up to this many tokens (0: all)."),
+    holdout: float = typer.Option(0.05, help="Share of rows held out to measure top-1 agreement."),
+    feature_cache: Optional[Path] = typer.Option(None, help="Keep the target's hidden states in this file."),
+    threads: int = typer.Option(0, help="torch threads (0: torch's default)."),
+    dtype: str = typer.Option("float32", help="The target's dtype while training."),
+    seed: int = typer.Option(0, help="Seed for the split, the batches and the initial weights."),
+):
+    """Run the target over the corpus, fit a one-layer head to its hidden states, save it to --out."""
+    import torch
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ..training.hidden_state import train_hidden_state_head
+
+    if threads:
+        torch.set_num_threads(threads)
+    console = Console(stderr=True)
+    try:
+        texts = read_corpus(corpus)
+        if max_texts:
+            texts = texts[:max_texts]
+        torch_dtype = getattr(torch, dtype, None)
+        if not isinstance(torch_dtype, torch.dtype):
+            raise InputError(f"--dtype {dtype!r} is not a torch dtype (float32, bfloat16, float16)")
+        with console.status(f"loading {target}"):
+            model = AutoModelForCausalLM.from_pretrained(target, dtype=torch_dtype).eval()
+            tokenizer = AutoTokenizer.from_pretrained(target)
+        if max_tokens:
+            texts = first_tokens(texts, tokenizer, max_tokens)
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TimeRemainingColumn())
+        with Progress(*columns, console=console, transient=False) as progress:
+            tasks: dict[str, int] = {}
+            labels = {"features": "target hidden states (rows)", "train": "head steps"}
+
+            def on_progress(phase: str, done: int, total: int) -> None:
+                if phase not in tasks:
+                    tasks[phase] = progress.add_task(labels.get(phase, phase), total=total)
+                progress.update(tasks[phase], completed=done, total=total)
+
+            report = train_hidden_state_head(
+                model, texts, out, tokenizer=tokenizer, vocab=vocab, length=length, epochs=epochs,
+                batch_size=batch_size, lr=lr, schedule=schedule, holdout=holdout, seed=seed,
+                feature_cache=feature_cache, on_progress=on_progress,
+            )
+    except (SpecdecError, OSError) as exc:
+        typer.echo(f"Error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(report.summary())
+    typer.echo(f'Use it with:\n[drafter]\nuse = "hidden_state"\nhead = "{report.path}"')

@@ -1,0 +1,61 @@
+"""``specdec drafter train`` (specdec/cli/drafter.py): reads a corpus, trains a head, saves it; bad input
+is a clear error, not a traceback."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from specdec.cli.drafter import drafter_app, first_tokens, read_corpus
+from specdec.errors import InputError
+
+PAIR = Path(__file__).resolve().parent.parent / "models" / "python-pair" / "target"
+runner = CliRunner()
+
+
+class TestReadCorpus:
+    def test_jsonl_texts_and_plain_text_blocks(self, tmp_path):
+        jsonl = tmp_path / "c.jsonl"
+        jsonl.write_text(json.dumps({"text": "a b"}) + "\n\n" + json.dumps({"text": "c", "kind": "x"}) + "\n")
+        assert read_corpus(jsonl) == ["a b", "c"]
+        plain = tmp_path / "c.txt"
+        plain.write_text("one\ntwo\n\nthree\n")
+        assert read_corpus(plain) == ["one\ntwo", "three"]
+
+    def test_bad_files_are_input_errors(self, tmp_path):
+        with pytest.raises(InputError, match="does not exist"):
+            read_corpus(tmp_path / "none.jsonl")
+        bad = tmp_path / "bad.jsonl"
+        bad.write_text('{"prompt": "no text"}\n')
+        with pytest.raises(InputError, match='"text"'):
+            read_corpus(bad)
+
+    def test_a_token_budget_keeps_the_first_texts(self):
+        class Words:
+            def __call__(self, text, add_special_tokens=False):
+                return {"input_ids": text.split()}
+
+        assert first_tokens(["a b c", "d e", "f"], Words(), 7) == ["a b c", "d e"]
+        assert first_tokens(["a b c d e f g h"], Words(), 2) == ["a b c d e f g h"]  # at least one
+
+
+@pytest.mark.skipif(not (PAIR / "tokenizer.json").is_file(), reason="the bundled pair is absent")
+class TestTrainCommand:
+    def test_trains_and_saves_a_head(self, tmp_path):
+        corpus = tmp_path / "corpus.jsonl"
+        texts = [f"def f{i}(x):\n    return x * {i} + {i % 7}\n" for i in range(60)]
+        corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+        out = tmp_path / "head.safetensors"
+        result = runner.invoke(drafter_app, ["train", "--target", str(PAIR), "--corpus", str(corpus), "--out",
+                                             str(out), "--vocab", "64", "--length", "32", "--epochs", "1",
+                                             "--batch-size", "4", "--threads", "1"])
+        assert result.exit_code == 0, result.output
+        assert out.is_file() and "held-out top-1" in result.output and 'use = "hidden_state"' in result.output
+
+    def test_a_missing_corpus_is_a_clear_error(self, tmp_path):
+        result = runner.invoke(drafter_app, ["train", "--target", str(PAIR), "--corpus", str(tmp_path / "no.jsonl"),
+                                             "--out", str(tmp_path / "h.safetensors")])
+        assert result.exit_code == 2 and "does not exist" in result.output
