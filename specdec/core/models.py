@@ -46,7 +46,9 @@ REFUSED_ARCHITECTURES = {
                        "Cache that specdec can checkpoint and rewind",
     "minimax": "its lightning-attention state lives in a cache class of its own that refuses DynamicCache",
     "deepseek_v4": "its compressed-attention cache layers keep per-slot compression state that cannot hold holes",
-    "moshi": _NOT_ISOLATED,
+    "moshi": "its attention applies the sliding window only through generate's sliding-window cache, which "
+             "evicts old slots (the prompt is read with full attention, every later token through the window), "
+             "while its mask is full; specdec's cache keeps every slot",
     "inkling_text": _NOT_ISOLATED,
 }
 
