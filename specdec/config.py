@@ -39,7 +39,7 @@ from .plugins.manager import get_registry
 _SECTIONS = {"target", "drafter", "policy", "verifier", "sampling", "observers"}
 _TARGET_KEYS = {"model", "dtype", "device", "attn_implementation", "tokenizer"}
 # Options that name files: resolved against the TOML file's folder when that path exists there.
-_PATH_OPTIONS = {"model", "weights", "path", "tokenizer"}
+_PATH_OPTIONS = {"model", "weights", "path", "tokenizer", "head"}
 DTYPES = {
     "auto": "auto",
     "float32": torch.float32,

@@ -42,6 +42,28 @@ class TestGenerate:
         texts = tokenizer.batch_decode(expected[:, encoded["input_ids"].shape[1] :], skip_special_tokens=True)
         assert [o["text"] for o in payload["outputs"]] == texts
 
+    def test_chat_sends_a_user_turn_through_the_template_and_prints_only_the_answer(self, tmp_path):
+        from transformers import AutoTokenizer
+
+        from specdec.config import SpecdecConfig
+
+        config = save_pair(tmp_path)
+        without = runner.invoke(app, ["generate", "class Stack:", "-c", str(config), "-n", "4", "--chat"])
+        assert without.exit_code == 2 and "--chat needs a tokenizer with a chat template" in without.output
+        tokenizer = AutoTokenizer.from_pretrained(tmp_path / "target")
+        tokenizer.chat_template = ("{% for m in messages %}# {{ m['content'] }}\n{% endfor %}"
+                                   "{% if add_generation_prompt %}def {% endif %}")
+        tokenizer.save_pretrained(tmp_path / "target")
+        result = runner.invoke(app, ["generate", "class Stack:", "-c", str(config), "-n", "10", "--chat", "--json"])
+        assert result.exit_code == 0, result.output
+        target, tokenizer = SpecdecConfig.from_toml(config).load_target()
+        encoded = tokenizer(["# class Stack:\ndef "], return_tensors="pt", add_special_tokens=False)
+        expected = target.generate(**encoded, do_sample=False, max_new_tokens=10)
+        answer = tokenizer.decode(expected[0, encoded["input_ids"].shape[1] :], skip_special_tokens=True)
+        assert json.loads(result.output)["outputs"][0]["text"] == answer
+        streamed = runner.invoke(app, ["generate", "class Stack:", "-c", str(config), "-n", "10", "--chat"])
+        assert streamed.stdout == answer + "\n"  # the answer alone, not the prompt or the template
+
     @pytest.mark.parametrize("drafter,policy", [("ngram", "heuristic"), ("model", "constant")])
     def test_drafter_and_policy_flags(self, pair, drafter, policy, tmp_path):
         trace = tmp_path / "trace.jsonl"

@@ -124,6 +124,7 @@ def generate(
     seed: Optional[int] = typer.Option(None, "--seed", help="Seed for sampling, for a reproducible run"),
     trace: Optional[Path] = typer.Option(None, "--trace", help="Write a JSONL trace of every iteration to this file"),
     as_json: bool = typer.Option(False, "--json", help="Print machine-readable JSON (texts, stats, components) instead of text"),
+    chat: bool = typer.Option(False, "--chat", help="Send each prompt as a user turn through the tokenizer's chat template; print only the answer"),
     progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help="Progress bar on stderr (default: when stderr is a terminal and the text is not streamed there)"),
 ):
     """Generate text with speculative decoding: stdout gets each prompt and its continuation, unchanged.
@@ -201,11 +202,19 @@ def generate(
 
             extra.append(ProgressObserver(description=f"{len(prompts)} prompt(s)"))
         decoder = SpeculativeDecoder.from_config(spec, target=target, extra_observers=extra)
-        encoded = tokenizer(prompts, return_tensors="pt", padding=True)
+        if chat:
+            if not getattr(tokenizer, "chat_template", None):
+                raise fail(f"--chat needs a tokenizer with a chat template; {spec.target.get('tokenizer', spec.target['model'])} "
+                           "has none (drop --chat to send the prompts as plain text)")
+            turns = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                                   add_generation_prompt=True) for p in prompts]
+            encoded = tokenizer(turns, return_tensors="pt", padding=True, add_special_tokens=False)
+        else:
+            encoded = tokenizer(prompts, return_tensors="pt", padding=True)
         generator = None
         if seed is not None:
             generator = torch.Generator(device=target.device).manual_seed(seed)
-        if streamer is not None:
+        if streamer is not None and not chat:
             write_stdout(f"\x1b[1m{prompts[0]}\x1b[22m" if bold else prompts[0])
         out = decoder.generate(**encoded, max_new_tokens=max_new_tokens, generator=generator, **sampling)
     except SpecdecError as exc:
@@ -232,13 +241,14 @@ def generate(
         if not streamer.finish(texts[0]):  # pragma: no cover - a tokenizer that rewrote held-back text
             write_stdout("\n")
             errors.print("[yellow]Warning:[/] the streamed text differs from the final decode; the final text:")
-            write_stdout(prompts[0] + texts[0] + "\n")
+            write_stdout(("" if chat else prompts[0]) + texts[0] + "\n")
     else:
         separate = len(prompts) > 1 and is_terminal(sys.stderr) and is_terminal(sys.stdout)
         for number, (prompt, text) in enumerate(zip(prompts, texts), 1):
             if separate:
                 errors.rule(f"[dim]{number}/{len(prompts)}[/]", style="dim")
-            write_stdout((f"\x1b[1m{prompt}\x1b[22m" if bold else prompt) + text + "\n")
+            shown = "" if chat else (f"\x1b[1m{prompt}\x1b[22m" if bold else prompt)
+            write_stdout(shown + text + "\n")
     names = {kind: value["name"] for kind, value in components.items()}
     errors.print(
         f"[dim]{stats.new_tokens} tokens in {stats.wall_time_s:.2f}s ({stats.tokens_per_second:.1f} tok/s) · "
