@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from specdec.cli.drafter import drafter_app, first_tokens, read_corpus
+from specdec.cli.drafter import drafter_app, first_tokens
+from specdec.prompts import read_corpus
 from specdec.errors import InputError
 
 PAIR = Path(__file__).resolve().parent.parent / "models" / "python-pair" / "target"

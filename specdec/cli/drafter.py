@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Optional
 
@@ -20,32 +19,6 @@ drafter_app = typer.Typer(help="Train drafters for a target model.", no_args_is_
 @drafter_app.callback()
 def _drafter():
     """Train drafters for a target model."""
-
-
-def read_corpus(path: Path) -> list[str]:
-    """Texts from ``path``: JSON Lines with a "text" key (a .jsonl suffix or a first line starting with
-    "{"), else plain text split into documents at blank lines."""
-    if not path.is_file():
-        raise InputError(f"corpus {str(path)!r} does not exist")
-    try:
-        content = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputError(f"corpus {str(path)!r} is not UTF-8 text: {exc}") from exc
-    lines = [(n, line) for n, line in enumerate(content.splitlines(), 1) if line.strip()]
-    if not lines:
-        raise InputError(f"corpus {str(path)!r} holds no text")
-    if path.suffix != ".jsonl" and not lines[0][1].lstrip().startswith("{"):
-        return [block.strip() for block in content.split("\n\n") if block.strip()]
-    texts = []
-    for n, line in lines:
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{path}:{n}: not a JSON object: {exc}") from exc
-        if not isinstance(record, dict) or not isinstance(record.get("text"), str) or not record["text"]:
-            raise InputError(f'{path}:{n}: each JSON line needs a non-empty string "text"')
-        texts.append(record["text"])
-    return texts
 
 
 def first_tokens(texts: list[str], tokenizer, budget: int) -> list[str]:
@@ -84,6 +57,7 @@ def train(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from ..prompts import read_corpus
     from ..training.hidden_state import train_hidden_state_head
 
     if threads:
