@@ -57,3 +57,40 @@ def test_holes_without_compaction_match_too():
     )
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
     assert slots.compactions == 0 and slots.length == 5
+
+
+class TestAttentionLayout:
+    """core/masks.py: windows counted in positions, one mask per layer kind."""
+
+    def test_a_hole_does_not_use_up_the_window(self):
+        from specdec.core.masks import FULL, SLIDING, AttentionLayout
+
+        layout = AttentionLayout(kinds=(FULL, SLIDING), others=("conv",), sliding_window=2)
+        # One row: slots hold positions 0, 1, (hole), 2 and the query reads slot 3 (position 2).
+        slot_mask = torch.tensor([[True, True, False, True]])
+        positions = torch.tensor([[0, 1, 1, 2]])
+        masks = layout.masks(slot_mask, positions, positions[:, -1:], torch.float64)
+        assert set(masks) == {FULL, SLIDING, "conv"}
+        assert masks[FULL][0, 0, 0].tolist() == [True, True, False, True]
+        # Window 2 by position: positions 1 and 2 are seen although slot 3 is three slots after slot 1.
+        assert masks[SLIDING][0, 0, 0].tolist() == [False, True, False, True]
+        assert masks["conv"] is None  # one token: a recurrent layer reads no padding mask
+
+    def test_recurrent_layers_get_the_blocks_own_mask(self):
+        from specdec.core.masks import SLIDING, AttentionLayout
+
+        layout = AttentionLayout(kinds=(SLIDING,), others=("conv",), sliding_window=4)
+        slot_mask = torch.tensor([[True, False, True]])
+        positions = torch.tensor([[0, 0, 1]])
+        masks = layout.masks(slot_mask, positions, positions[:, -2:], torch.float64)
+        assert masks["conv"].tolist() == [[0, 1]]  # the last two slots: a hole, then a token
+
+    def test_a_window_the_models_own_code_never_applies_is_not_applied(self):
+        """Moshi's config carries a sliding_window, but its attention builds only full masks."""
+        from specdec.core.masks import FULL, AttentionLayout
+
+        from .architectures import tiny_model as tiny_architecture
+
+        moshi, mistral = tiny_architecture("moshi"), tiny_architecture("mistral")
+        assert moshi.config.sliding_window and AttentionLayout.of(moshi).kinds == (FULL,)
+        assert AttentionLayout.of(mistral).counts_positions

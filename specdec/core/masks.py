@@ -11,6 +11,7 @@ models keep the 2D slot mask, which is what transformers expects and what the te
 
 from __future__ import annotations
 
+import functools
 import inspect
 import sys
 
@@ -21,8 +22,6 @@ from ..errors import ConfigError
 
 FULL, SLIDING, CHUNKED = "full_attention", "sliding_attention", "chunked_attention"
 _ATTENTION_KINDS = (FULL, SLIDING, CHUNKED)
-# Layer types whose attention part is one of the kinds above (Inkling's hybrid layers).
-_ALIASES = {"hybrid": FULL, "hybrid_sliding": SLIDING}
 # What a modeling module calls when its layers really attend through a window or in chunks; a
 # config may carry a sliding_window that its eager and sdpa attention never apply (Moshi).
 _BUILDERS = {SLIDING: "create_sliding_window_causal_mask", CHUNKED: "create_chunked_causal_mask"}
@@ -52,12 +51,8 @@ class AttentionLayout:
         layer_types = getattr(config, "layer_types", None)
         others = ()
         if layer_types:
-            kinds = tuple(kind for kind in _ATTENTION_KINDS
-                          if any(_ALIASES.get(layer, layer) == kind for layer in layer_types))
-            others = set(layer_types) - set(_ATTENTION_KINDS)
-            if others & set(_ALIASES):  # hybrid layers also read a recurrent mask by this name
-                others.add("linear_attention")
-            others = tuple(sorted(others))
+            kinds = tuple(kind for kind in _ATTENTION_KINDS if kind in layer_types)
+            others = tuple(sorted(set(layer_types) - set(_ATTENTION_KINDS)))
         elif isinstance(window, int):
             kinds = (SLIDING,)  # one window for every layer (Mistral, Phi-3, Starcoder2, ...)
         else:
@@ -122,7 +117,13 @@ class AttentionLayout:
 
 def _modeling_source(model) -> str | None:
     """The source of the module that defines the model's classes, or None when it cannot be read."""
+    return _module_source(type(model).__module__)
+
+
+@functools.cache
+def _module_source(name: str) -> str | None:
+    # Read once per process: a draft model's runner is built for every request.
     try:
-        return inspect.getsource(sys.modules[type(model).__module__])
+        return inspect.getsource(sys.modules[name])
     except (OSError, TypeError, KeyError):
         return None

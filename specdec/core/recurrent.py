@@ -76,7 +76,7 @@ class RecurrentStates:
 
     def keep_rows(self, before: Snapshot, advanced: torch.Tensor) -> None:
         """Rows where ``advanced`` ([B] bool) is False go back to ``before`` (their column was a hole)."""
-        now = self.snapshot()
+        now = [getattr(layer, name)[i] for layer, name, i in self._slots()]  # read, not copied
         self._write([
             new if old is None else torch.where(advanced.view(-1, *[1] * (new.dim() - 1)), new, old)
             for new, old in zip(now, before)
@@ -93,13 +93,13 @@ class RecurrentStates:
 
     def rewind(self, kept: torch.Tensor) -> None:
         """End the round: row b's state becomes the checkpoint after its first ``kept[b]`` tokens."""
-        available = torch.tensor([c is not None for c in self.checkpoints], device=kept.device)
-        if not bool(available[kept].all()):  # a row kept part of the prompt block: never happens in the loop
-            raise RuntimeError("recurrent state rewound into a block read at once")
+        # Only the end of a block read at once (the prompt) has a checkpoint, and no row keeps part of
+        # such a block, so every kept[b] names a checkpoint. The map is built on the host and copied
+        # without waiting: no device sync.
         present = [i for i, c in enumerate(self.checkpoints) if c is not None]
-        position = torch.zeros(len(self.checkpoints), dtype=torch.long, device=kept.device)
-        position[present] = torch.arange(len(present), device=kept.device)
-        index = position[kept]  # [B]
+        position = torch.zeros(len(self.checkpoints), dtype=torch.long)
+        position[present] = torch.arange(len(present))
+        index = position.to(kept.device, non_blocking=True)[kept]  # [B]
         rewound = []
         for states in zip(*(self.checkpoints[i] for i in present)):
             if states[0] is None:

@@ -189,9 +189,9 @@ class SpeculativeDecoder:
             draft = Draft.empty(state.active, state.device)
 
         # 3. verify: ONE target forward over [unread committed tokens, d1 .. dK] for every row.
-        logits = target.read(state, draft.tokens, draft.in_draft(), logits_to_keep=draft.width + 1,
-                             hidden=self.drafter.wants_hidden_states)  # [B, K + 1, V] (, [B, W + K, H])
-        logits, hidden = logits if isinstance(logits, tuple) else (logits, None)
+        wants_hidden = self.drafter.wants_hidden_states
+        read = target.read(state, draft.tokens, draft.in_draft(), logits_to_keep=draft.width + 1, hidden=wants_hidden)
+        logits, hidden = read if wants_hidden else (read, None)  # [B, K + 1, V], [B, W + K, H]
         state.target_calls += 1
         scores = state.process(logits.float(), draft.tokens)  # fp32, as model.generate's scores
         verdict = hooks.specdec_verify(state=state, draft=draft, scores=scores)

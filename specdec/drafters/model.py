@@ -106,10 +106,10 @@ class ModelDrafter(Drafter):
         return runner
 
     def begin(self, state, target) -> None:
-        if self.model.device != target.device:
-            self.model.to(target.device)
         from ..core.cached_model import CachedModel
 
+        if self.model.device != target.device:
+            self.model.to(target.device)
         self._cached = CachedModel(self._start_runner(state))
         self._cached.begin(state)
 
