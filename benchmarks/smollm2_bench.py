@@ -29,7 +29,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from specdec import SpeculativeDecoder  # noqa: E402
 from specdec.core.components import Observer  # noqa: E402
-from specdec.drafters import HiddenStateDrafter, HiddenStateHead, NGramDrafter  # noqa: E402
+from specdec.drafters import FallbackDrafter, HiddenStateDrafter, HiddenStateHead, NGramDrafter  # noqa: E402
 from specdec.policies import ConstantLookahead, HeuristicLookahead  # noqa: E402
 from specdec.verifiers import GreedyVerifier, RejectionVerifier  # noqa: E402
 
@@ -79,7 +79,7 @@ def load_prompts(path: Path, per_kind: int) -> list[dict]:
     return chosen
 
 
-def contenders(run: str, target, head, heuristic_max: int):
+def contenders(run: str, target, head, heuristic_max: int, only=()):
     """name -> callable(batch, gen_kwargs) -> (sequences, positions dict or None)."""
     sampled, batch = run.endswith("sampled"), int(run[1:].split("-")[0])
     verifier = RejectionVerifier() if sampled else GreedyVerifier()
@@ -109,7 +109,12 @@ def contenders(run: str, target, head, heuristic_max: int):
         found[f"specdec hidden_state k={k}"] = spec(HiddenStateDrafter(head), ConstantLookahead(k=k))
     found["specdec hidden_state heuristic"] = spec(HiddenStateDrafter(head),
                                                    HeuristicLookahead(initial=3, max_tokens=heuristic_max))
-    return found
+    # Prompt lookup where it matches, the head elsewhere (drafters/fallback.py).
+    for n in (2, 3):
+        found[f"specdec ngram>={n} else hidden_state k=6/2"] = spec(
+            FallbackDrafter(NGramDrafter(max_ngram=3, min_ngram=n), HiddenStateDrafter(head), then_max_tokens=2),
+            ConstantLookahead(k=6))
+    return {name: go for name, go in found.items() if not only or name in only or name == "target"}
 
 
 def run_one(run: str, target, tokenizer, head, prompts, args) -> dict:
@@ -131,7 +136,7 @@ def run_one(run: str, target, tokenizer, head, prompts, args) -> dict:
                                                    add_generation_prompt=True) for p in chunk]
             inputs = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
             groups.append((kind, inputs))
-    named = contenders(run, target, head, args.heuristic_max)
+    named = contenders(run, target, head, args.heuristic_max, args.only)
     names = list(named)
     # records[name][repeat][kind] = {"time", "tokens", positions...}
     records = {n: [defaultdict(lambda: {"time": 0.0, "tokens": 0, "drafted": [0] * 64, "accepted": [0] * 64,
@@ -280,6 +285,8 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--heuristic-max", type=int, default=6)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--only", type=lambda text: [n.strip() for n in text.split(",")], default=[],
+                        help="comma-separated contender names to run (the target always runs)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
 

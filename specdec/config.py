@@ -285,6 +285,9 @@ def _table(data: dict[str, Any], name: str, source: str) -> dict[str, Any]:
 def _resolve_paths(options: dict[str, Any], base_dir: Path) -> dict[str, Any]:
     resolved = dict(options)
     for key, value in options.items():
+        if isinstance(value, dict):  # a component's own table ([drafter.then] of 'fallback')
+            resolved[key] = _resolve_paths(value, base_dir)
+    for key, value in options.items():
         if key in _PATH_OPTIONS and isinstance(value, str):
             candidate = Path(value).expanduser()
             if not candidate.is_absolute():

@@ -92,8 +92,12 @@ def _bundled_classifier(spec) -> Optional[Path]:
 
 
 def _missing_option_hint(kind: str, spec, config) -> str:
-    hint = f"; set it in the [{kind}] table of {config.source} or pass --{kind}-option NAME=VALUE"
     from ..plugins.registry import canonical
+
+    if kind == "drafter" and canonical(spec.use) == "fallback":
+        return (f"; add the tables [drafter.first] and [drafter.then] to {config.source}, each with "
+                'use = "<drafter>" and its options (docs/strategies.md)')
+    hint = f"; set it in the [{kind}] table of {config.source} or pass --{kind}-option NAME=VALUE"
 
     if kind == "policy" and canonical(spec.use) == "classifier":
         hint += " (weights: a file written by `specdec policy train`"

@@ -23,12 +23,15 @@ class Draft:
     reads. ``probs`` are the draft's distributions q over the vocabulary (fp32) when it has them
     (a model does; an n-gram lookup does not, and its q is one-hot); rejection sampling needs them.
     ``token_probs[b, j]`` is q of the drafted token itself, for confidence-driven policies.
+    ``lengths_host``, when the drafter computed the lengths on the CPU (prompt lookup does), is the
+    same numbers there, so a drafter composing others routes rows without a device sync.
     """
 
     tokens: torch.Tensor  # [B, K] long
     lengths: torch.Tensor  # [B] long, 0 <= lengths <= K
     probs: torch.Tensor | None = None  # [B, K, V] float32
     token_probs: torch.Tensor | None = None  # [B, K] float32
+    lengths_host: torch.Tensor | None = None  # [B] long, CPU
 
     @property
     def width(self) -> int:

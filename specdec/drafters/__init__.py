@@ -1,12 +1,13 @@
 """Drafters propose tokens for the target to check. One module per strategy, named after it."""
 
 from ..core.components import Drafter
+from .fallback import FallbackDrafter
 from .hidden_state import HiddenStateDrafter
 from .model import ModelDrafter
 from .ngram import NGramDrafter
 from .shared_encoder import SharedEncoderDrafter
 
-__all__ = ["Drafter", "HiddenStateDrafter", "HiddenStateHead", "ModelDrafter", "NGramDrafter", "SharedEncoderDrafter"]
+__all__ = ["Drafter", "FallbackDrafter", "HiddenStateDrafter", "HiddenStateHead", "ModelDrafter", "NGramDrafter", "SharedEncoderDrafter"]
 
 
 def __getattr__(name: str):

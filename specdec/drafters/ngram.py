@@ -77,6 +77,7 @@ class NGramDrafter(Drafter):
             tokens=tokens.to(device, non_blocking=True),
             lengths=draft_lengths.to(device, non_blocking=True),
             token_probs=torch.ones(batch, width, dtype=torch.float32, device=device),
+            lengths_host=draft_lengths,
         )
 
 

@@ -20,6 +20,7 @@ from .registry import Registry
 ENTRY_POINT_GROUP = "specdec"
 
 DEFAULT_PLUGINS = (
+    "specdec.drafters.fallback",
     "specdec.drafters.model",
     "specdec.drafters.hidden_state",
     "specdec.drafters.ngram",

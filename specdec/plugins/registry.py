@@ -29,6 +29,7 @@ from ..errors import ConfigError
 KINDS = ("drafter", "policy", "verifier", "observer")
 PLURALS = {"drafter": "drafters", "policy": "policies", "verifier": "verifiers", "observer": "observers"}
 _MISSING = "(required)"
+_CHECKED = object()  # a component option's table, checked on its own
 
 
 def canonical(name: str) -> str:
@@ -188,6 +189,8 @@ def _type_members(annotation, factory: type) -> tuple:
 
 
 def _matches(value, members: tuple) -> bool:
+    if value is _CHECKED:
+        return True
     if not members or any(isinstance(m, str) for m in members) and not _is_plain(value):
         return True  # no annotation, or an unresolvable one and a non-TOML value: the factory decides
     for member in members:
@@ -344,15 +347,20 @@ class Registry:
         raise ConfigError(message)
 
     def check(self, kind: str, name: str, options: dict[str, Any] | None = None, *, where: str = "") -> Registration:
-        """Check ``options`` against the component's declared options without building it."""
+        """Check ``options`` against the component's declared options without building it (tables
+        for component options are checked against their own component)."""
         entry = self.get(kind, name)
-        entry.check(dict(options or {}), where)
+        entry.check(self._nested(entry, dict(options or {}), where, build=False), where)
         return entry
 
     def create(self, kind: str, name: str, options: dict[str, Any] | None = None, *, where: str = ""):
-        """Build the component registered as ``name`` with ``options``; errors name the field."""
-        entry = self.check(kind, name, options, where=where)
-        options = dict(options or {})
+        """Build the component registered as ``name`` with ``options``; errors name the field.
+
+        An option declared as a component (``first: Drafter``) takes a table with ``use = "<name>"``
+        and that component's own options, built here the same way."""
+        entry = self.get(kind, name)
+        options = self._nested(entry, dict(options or {}), where, build=True)
+        entry.check(options, where)
         label = f"{kind} {entry.name!r}" + (f" ({where})" if where else "")
         try:
             return entry.factory(**options)
@@ -360,6 +368,30 @@ class Registry:
             raise
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{label}: invalid option: {_describe(exc, options)}") from exc
+
+
+    def _nested(self, entry: Registration, options: dict[str, Any], where: str, build: bool) -> dict[str, Any]:
+        """``options`` with each table given to a component option built (or, unbuilt, only checked
+        and left out of the type check)."""
+        from ..core.components import Component
+
+        declared = {o.name: o for o in entry.options()}
+        for key, value in options.items():
+            option = declared.get(key)
+            kinds = [m.kind for m in (option.types if option else ()) if isinstance(m, type) and issubclass(m, Component)]
+            if not kinds or not isinstance(value, dict):
+                continue
+            table = dict(value)
+            inner = f"{entry.label}, option {key!r}" + (f" ({where})" if where else "")
+            use = table.pop("use", None)
+            if not isinstance(use, str):
+                raise ConfigError(f"{inner}: the table needs use = \"<{kinds[0]} name>\"")
+            if build:
+                options[key] = self.create(kinds[0], use, table, where=inner)
+            else:
+                self.check(kinds[0], use, table, where=inner)
+                options[key] = _CHECKED
+        return options
 
 
 def _describe(exc: Exception, options: dict[str, Any]) -> str:
