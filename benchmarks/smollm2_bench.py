@@ -110,10 +110,10 @@ def contenders(run: str, target, head, heuristic_max: int, only=()):
     found["specdec hidden_state heuristic"] = spec(HiddenStateDrafter(head),
                                                    HeuristicLookahead(initial=3, max_tokens=heuristic_max))
     # Prompt lookup where it matches, the head elsewhere (drafters/fallback.py).
-    for n in (2, 3):
-        found[f"specdec ngram>={n} else hidden_state k=6/2"] = spec(
+    for n, k in ((2, 6), (3, 6), (2, 10)):
+        found[f"specdec ngram>={n} else hidden_state k={k}/2"] = spec(
             FallbackDrafter(NGramDrafter(max_ngram=3, min_ngram=n), HiddenStateDrafter(head), then_max_tokens=2),
-            ConstantLookahead(k=6))
+            ConstantLookahead(k=k))
     return {name: go for name, go in found.items() if not only or name in only or name == "target"}
 
 
