@@ -66,6 +66,11 @@ class AttentionLayout:
                    chunk if isinstance(chunk, int) else None, implementation)
 
     @property
+    def takes_prepared_masks(self) -> bool:
+        """Whether the attention implementation uses a prepared 4D mask as it is (sdpa, eager)."""
+        return self.implementation in _MASK_FORMATS
+
+    @property
     def counts_positions(self) -> bool:
         """Whether some layer attends through a window or in chunks (then the loop builds the masks)."""
         return any(kind != FULL for kind in self.kinds)

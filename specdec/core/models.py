@@ -205,9 +205,15 @@ class CausalLMRunner:
             return torch.cat(outs, dim=1)[:, -logits_to_keep:]
         return torch.cat([o[0] for o in outs], dim=1)[:, -logits_to_keep:], torch.cat([o[1] for o in outs], dim=1)
 
+    def _prepares_masks(self, device: torch.device) -> bool:
+        # Off the CPU, transformers' sdpa mask creation from a 2D mask syncs the device (it asks
+        # whether the mask is all ones, in Python, for one-token steps and prefills); a prepared 4D
+        # mask is used as it is. On the CPU a sync is free and the 2D path is transformers' own.
+        return device.type != "cpu" and self.layout.takes_prepared_masks
+
     def _forward(self, slots: SlotCache, input_ids, valid, logits_to_keep: int, inputs_embeds=None, hidden=False):
         attention_mask, position_ids = slots.extend(valid)
-        if self.layout.counts_positions:
+        if self.layout.counts_positions or slots.attends and self._prepares_masks(input_ids.device):
             attention_mask = self.layout.masks(slots.slot_mask, slots.positions, position_ids, self.model.dtype)
         elif not slots.attends:
             attention_mask = valid.long()

@@ -75,6 +75,9 @@ class DecodeState:
     target_calls: int = 0
     draft_calls: int = 0
     do_sample: bool = False
+    # Whether a draft loop may end as soon as no row drafts on (a host sync per draft position);
+    # otherwise it runs to its width with stopped rows masked. Set by the decoder per device.
+    draft_early_exit: bool = True
 
     @property
     def batch_size(self) -> int:

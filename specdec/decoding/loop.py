@@ -41,6 +41,11 @@ def _observers(instance, attribute, value):
             raise ConfigError(f"observers must be specdec Observer instances, got {type(observer).__name__}")
 
 
+def _optional_bool(instance, attribute, value):
+    if value is not None and not isinstance(value, bool):
+        raise ConfigError(f"{attribute.name} must be True, False or None (decide by device), got {value!r}")
+
+
 def _target_model(instance, attribute, value):
     if not isinstance(value, PreTrainedModel) or not hasattr(value, "generate"):
         raise ConfigError(f"target must be a transformers generative model, got {type(value).__name__}")
@@ -62,6 +67,10 @@ class SpeculativeDecoder:
     policy: LookaheadPolicy = attrs.field(factory=ConstantLookahead, validator=_is_a(LookaheadPolicy, "lookahead policy"))
     verifier: Verifier = attrs.field(factory=GreedyVerifier, validator=_is_a(Verifier, "verifier"))
     observers: list[Observer] = attrs.field(factory=list, converter=list, validator=_observers)
+    # End a draft loop once the policy has stopped every row: one host sync per draft position. None
+    # decides by device: yes on a CPU, where a sync costs nothing and the skipped forwards are saved;
+    # no on an accelerator, where stopped rows are masked and the loop runs to its width.
+    draft_early_exit: bool | None = attrs.field(default=None, validator=_optional_bool)
     _hooks: Any = attrs.field(init=False, repr=False)
     _stats: StatsObserver = attrs.field(init=False, repr=False)
     _target: CachedModel = attrs.field(init=False, repr=False)
@@ -161,6 +170,8 @@ class SpeculativeDecoder:
     def decode(self, state: DecodeState) -> DecodeOutput:
         """Run the loop over a prepared request until every row has finished."""
         hooks = self._hooks
+        early_exit = self.draft_early_exit
+        state.draft_early_exit = state.device.type == "cpu" if early_exit is None else early_exit
         # The encoder runs once per request; drafters that share it read state.encoder_outputs.
         state.encoder_outputs = self._target.runner.begin(encoder_outputs=state.encoder_outputs, **state.model_inputs)
         self._target.begin(state)
