@@ -17,7 +17,7 @@ from transformers.modeling_outputs import BaseModelOutput
 from transformers.utils import ModelOutput
 
 from ..errors import ConfigError, InputError
-from .cache import SlotCache
+from .cache import SlotCache, static_cache
 from .masks import AttentionLayout
 from .recurrent import config_cache
 
@@ -153,10 +153,31 @@ class CausalLMRunner:
         """Whether the model can read an encoder output (``encoder_outputs`` / ``encoder_hidden_states``)."""
         return self._encoder_argument is not None
 
-    def new_cache(self, batch_size: int) -> SlotCache:
+    def new_cache(self, batch_size: int, capacity: int | None = None) -> SlotCache:
+        """An empty cache for ``batch_size`` rows; with ``capacity``, preallocated (static shapes)."""
+        if capacity is not None:
+            self.check_static()
+            self_attention = static_cache(_decoder_layers(self.model), capacity)
+            if self.encoder_outputs is not None:
+                self_attention = EncoderDecoderCache(self_attention, DynamicCache())
+            return SlotCache(self_attention, batch_size, self.device, capacity)
         if self.encoder_outputs is not None:
             return SlotCache(EncoderDecoderCache(DynamicCache(), DynamicCache()), batch_size, self.device)
         return SlotCache(config_cache(self.model) or DynamicCache(), batch_size, self.device)
+
+    def check_static(self) -> None:
+        """Refuse, before decoding, a model whose state a preallocated cache cannot hold."""
+        who = f"static_cache: {type(self.model).__name__}"
+        if config_cache(self.model) is not None or self.layout.others:
+            raise ConfigError(
+                f"{who} keeps state besides attention keys and values (recurrent or conv states, sparse-attention "
+                "indexer keys), which specdec's static cache does not preallocate; decode it with static_cache=False"
+            )
+        if not self.layout.takes_prepared_masks:
+            raise ConfigError(
+                f"{who} uses attn_implementation={self.layout.implementation!r}; the static cache hands the model "
+                "prepared 4D masks over its full capacity, which only 'sdpa' and 'eager' take"
+            )
 
     def begin(self, encoder_outputs=None, **model_inputs) -> ModelOutput | None:
         """Per-request inputs other than tokens. A decoder-only LM reads none of the encoder's
@@ -212,9 +233,14 @@ class CausalLMRunner:
         return device.type != "cpu" and self.layout.takes_prepared_masks
 
     def _forward(self, slots: SlotCache, input_ids, valid, logits_to_keep: int, inputs_embeds=None, hidden=False):
+        # A static cache's physical batch may hold finished rows: they read holes.
+        input_ids, valid = slots.to_physical(input_ids), slots.to_physical(valid, False)  # [P, n]
+        if inputs_embeds is not None:
+            inputs_embeds = slots.to_physical(inputs_embeds)
         attention_mask, position_ids = slots.extend(valid)
-        if self.layout.counts_positions or slots.attends and self._prepares_masks(input_ids.device):
-            attention_mask = self.layout.masks(slots.slot_mask, slots.positions, position_ids, self.model.dtype)
+        if self.layout.counts_positions or slots.attends and (slots.static or self._prepares_masks(input_ids.device)):
+            attention_mask = self.layout.masks(slots.slot_mask, slots.positions, position_ids, self.model.dtype,
+                                               first_query_slot=slots.length - input_ids.shape[1])
         elif not slots.attends:
             attention_mask = valid.long()
         kwargs = {}
@@ -231,8 +257,8 @@ class CausalLMRunner:
         if hidden:
             kwargs["output_hidden_states"] = True
         out = self.model(attention_mask=attention_mask, position_ids=position_ids, use_cache=True, **kwargs)
-        logits = out.logits[:, -logits_to_keep:]
-        return (logits, out.hidden_states[-1][:, -input_ids.shape[1]:]) if hidden else logits
+        logits = slots.to_active(out.logits[:, -logits_to_keep:])
+        return (logits, slots.to_active(out.hidden_states[-1][:, -input_ids.shape[1]:])) if hidden else logits
 
 
 class Seq2SeqRunner:
@@ -266,8 +292,13 @@ class Seq2SeqRunner:
     def main_input_name(self) -> str:
         return self.model.get_encoder().main_input_name
 
-    def new_cache(self, batch_size: int) -> SlotCache:
-        return SlotCache(EncoderDecoderCache(DynamicCache(), DynamicCache()), batch_size, self.device)
+    def new_cache(self, batch_size: int, capacity: int | None = None) -> SlotCache:
+        """An empty cache for ``batch_size`` rows; with ``capacity``, the decoder's self-attention is
+        preallocated (static shapes; the cross-attention keys are computed once anyway)."""
+        if capacity is None:
+            return SlotCache(EncoderDecoderCache(DynamicCache(), DynamicCache()), batch_size, self.device)
+        cache = EncoderDecoderCache(static_cache(_decoder_layers(self.model), capacity), DynamicCache())
+        return SlotCache(cache, batch_size, self.device, capacity)
 
     @torch.no_grad()
     def begin(self, encoder_outputs=None, attention_mask=None, **encoder_inputs) -> ModelOutput:
@@ -308,7 +339,10 @@ class Seq2SeqRunner:
         inputs_embeds: torch.Tensor | None = None,  # [B, n, D] decoder input embeddings
         hidden: bool = False,
     ):  # logits [B, logits_to_keep, V], or (logits, last decoder hidden states [B, n, H]) with ``hidden``
-        attention_mask, position_ids = slots.extend(valid)  # [B, L + n], [B, n]
+        input_ids, valid = slots.to_physical(input_ids), slots.to_physical(valid, False)  # static: [P, n]
+        if inputs_embeds is not None:
+            inputs_embeds = slots.to_physical(inputs_embeds)
+        attention_mask, position_ids = slots.extend(valid)  # [B, L + n] (static: [P, capacity]), [B, n]
         tokens = {"decoder_input_ids": input_ids} if inputs_embeds is None else {"decoder_inputs_embeds": inputs_embeds}
         out = self.model(
             encoder_outputs=self.encoder_outputs,
@@ -320,8 +354,18 @@ class Seq2SeqRunner:
             output_hidden_states=hidden,
             **tokens,
         )
-        logits = out.logits[:, -logits_to_keep:]
-        return (logits, out.decoder_hidden_states[-1][:, -input_ids.shape[1]:]) if hidden else logits
+        logits = slots.to_active(out.logits[:, -logits_to_keep:])
+        return (logits, slots.to_active(out.decoder_hidden_states[-1][:, -input_ids.shape[1]:])) if hidden else logits
+
+
+def _decoder_layers(model: PreTrainedModel) -> int:
+    """How many self-attention layers a (decoder-only or encoder-decoder) model's decoder has."""
+    config = model.config
+    for name in ("decoder_layers", "num_decoder_layers"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return int(config.get_text_config(decoder=True).num_hidden_layers)
 
 
 def load_pretrained(auto_class, model: str | Path, *, dtype: torch.dtype | str | None, who: str):

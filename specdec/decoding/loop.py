@@ -12,6 +12,7 @@ from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel
 
 from ..config import SpecdecConfig
 from ..core import hookspecs
+from ..core.cache import bucket
 from ..core.cached_model import CachedModel
 from ..core.components import Drafter, LookaheadPolicy, Observer, Verifier
 from ..core.models import runner_for
@@ -46,6 +47,11 @@ def _optional_bool(instance, attribute, value):
         raise ConfigError(f"{attribute.name} must be True, False or None (decide by device), got {value!r}")
 
 
+def _bool(instance, attribute, value):
+    if not isinstance(value, bool):
+        raise ConfigError(f"{attribute.name} must be True or False, got {value!r}")
+
+
 def _target_model(instance, attribute, value):
     if not isinstance(value, PreTrainedModel) or not hasattr(value, "generate"):
         raise ConfigError(f"target must be a transformers generative model, got {type(value).__name__}")
@@ -71,6 +77,10 @@ class SpeculativeDecoder:
     # decides by device: yes on a CPU, where a sync costs nothing and the skipped forwards are saved;
     # no on an accelerator, where stopped rows are masked and the loop runs to its width.
     draft_early_exit: bool | None = attrs.field(default=None, validator=_optional_bool)
+    # Static shapes: every model's KV cache preallocated (prompt + max_new_tokens + headroom), verify
+    # blocks padded to power-of-two widths, finished rows kept in the models' batch until it fits a
+    # smaller power of two; what torch.compile and CUDA graphs need (core/cache.py).
+    static_cache: bool = attrs.field(default=False, validator=_bool)
     _hooks: Any = attrs.field(init=False, repr=False)
     _stats: StatsObserver = attrs.field(init=False, repr=False)
     _target: CachedModel = attrs.field(init=False, repr=False)
@@ -107,7 +117,8 @@ class SpeculativeDecoder:
         drafter, policy, verifier, observers = config.build_components(extra_observers)
         if target is None:
             target, _ = config.load_target()
-        return cls(target=target, drafter=drafter, policy=policy, verifier=verifier, observers=observers)
+        return cls(target=target, drafter=drafter, policy=policy, verifier=verifier, observers=observers,
+                   static_cache=config.static_cache)
 
     @property
     def main_input_name(self) -> str | None:
@@ -172,6 +183,7 @@ class SpeculativeDecoder:
         hooks = self._hooks
         early_exit = self.draft_early_exit
         state.draft_early_exit = state.device.type == "cpu" if early_exit is None else early_exit
+        state.static_shapes = self.static_cache
         # The encoder runs once per request; drafters that share it read state.encoder_outputs.
         state.encoder_outputs = self._target.runner.begin(encoder_outputs=state.encoder_outputs, **state.model_inputs)
         self._target.begin(state)
@@ -198,6 +210,8 @@ class SpeculativeDecoder:
             draft = draft.with_padding(state.pad_token_id)
         else:
             draft = Draft.empty(state.active, state.device)
+        if state.static_shapes:  # a verify block of a power-of-two width: few shapes to compile
+            draft = draft.padded_to(bucket(draft.width))
 
         # 3. verify: ONE target forward over [unread committed tokens, d1 .. dK] for every row.
         wants_hidden = self.drafter.wants_hidden_states
