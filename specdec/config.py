@@ -5,6 +5,7 @@
 model = "models/python-pair/target"   # relative paths are relative to this file
 dtype = "float32"
 cache = "dynamic"   # or "static": preallocated caches and fixed step shapes (SpeculativeDecoder(static_cache=True))
+compile = "none"    # or "draft" / "all": torch.compile the models' steps (static cache only)
 
 [drafter]
 use = "model"
@@ -38,7 +39,7 @@ from .errors import ConfigError
 from .plugins.manager import get_registry
 
 _SECTIONS = {"target", "drafter", "policy", "verifier", "sampling", "observers"}
-_TARGET_KEYS = {"model", "dtype", "device", "attn_implementation", "tokenizer", "cache"}
+_TARGET_KEYS = {"model", "dtype", "device", "attn_implementation", "tokenizer", "cache", "compile"}
 _CACHES = ("dynamic", "static")
 # Options that name files: resolved against the TOML file's folder when that path exists there.
 _PATH_OPTIONS = {"model", "weights", "path", "tokenizer", "head"}
@@ -233,6 +234,11 @@ class SpecdecConfig:
     def static_cache(self) -> bool:
         """``[target] cache = "static"``: see ``SpeculativeDecoder(static_cache=...)``."""
         return self.target.get("cache", "dynamic") == "static"
+
+    @property
+    def compile(self) -> str:
+        """``[target] compile``: see ``SpeculativeDecoder(compile=...)`` (checked there)."""
+        return str(self.target.get("compile", "none"))
 
     def load_target(self):
         """The target model and its tokenizer (offline when the paths are local).

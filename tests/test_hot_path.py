@@ -9,6 +9,8 @@ import torch
 from specdec import ConfigError, SpeculativeDecoder
 from specdec.core.state import DecodeState
 from specdec.drafters import ModelDrafter
+from specdec.observers import PhaseTimes
+from specdec.plugins import get_registry
 from specdec.policies import DraftConfidenceLookahead
 from specdec.verifiers import GreedyVerifier
 
@@ -113,3 +115,27 @@ class TestOneSyncPerIteration:
         assert len(commits) == out.stats.iterations
         expected = gpu_target.generate(input_ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False)
         assert torch.equal(out.sequences, expected)
+
+
+class TestPhaseTimes:
+    """The ``phases`` observer: the loop marks its five phases, once per iteration, only when asked."""
+
+    def test_every_iteration_marks_every_phase(self, target, draft_model):
+        timer = PhaseTimes()
+        decoder = SpeculativeDecoder(target=target, drafter=ModelDrafter(draft_model), observers=[timer])
+        input_ids, mask = left_padded(PROMPTS)
+        out = decoder.generate(input_ids, attention_mask=mask, max_new_tokens=NEW_TOKENS)
+        assert timer.iterations == out.stats.iterations > 0
+        assert set(timer.seconds) == {"lookahead", "draft", "verify", "commit", "bookkeeping"}
+        per_iteration = timer.per_iteration_ms()
+        assert all(value >= 0 for value in per_iteration.values())
+        assert per_iteration["total"] == pytest.approx(sum(v for k, v in per_iteration.items() if k != "total"))
+        # The phases partition the loop's time: together no longer than the call.
+        assert sum(timer.seconds.values()) <= out.stats.wall_time_s
+        timer.reset()
+        assert timer.iterations == 0 and sum(timer.seconds.values()) == 0
+
+    def test_is_a_registered_observer_and_costs_nothing_when_absent(self, target, draft_model):
+        assert isinstance(get_registry().create("observer", "phases", {"sync": True}), PhaseTimes)
+        decoder = SpeculativeDecoder(target=target, drafter=ModelDrafter(draft_model))
+        assert decoder._timers is None

@@ -216,3 +216,25 @@ class TestStaticArchitectures:
     def test_bad_option_is_a_config_error(self):
         with pytest.raises(ConfigError, match="static_cache"):
             SpeculativeDecoder(target=tiny_model("llama"), drafter=NGramDrafter(), static_cache="yes")
+
+
+class TestCompiledSteps:
+    """``compile="draft"`` runs the draft's steps through torch.compile: still exact, and only on the static path."""
+
+    def test_compiled_draft_steps_are_exact(self):
+        target = tiny_model("llama")
+        draft = perturbed_copy(tiny_model("llama"), 0.15)
+        ids, mask = left_padded_prompts([6])
+        decoder = SpeculativeDecoder(target=target, drafter=ModelDrafter(draft), policy=ConstantLookahead(k=3),
+                                     static_cache=True, compile="draft")
+        out = decoder.generate(ids, attention_mask=mask, max_new_tokens=12, eos_token_id=None)
+        assert torch.equal(out.sequences, greedy_reference(target, ids, mask, 12, eos_token_id=None))
+        assert "_specdec_compiled_forward" in draft.__dict__ and "_specdec_compiled_forward" not in target.__dict__
+
+    @pytest.mark.parametrize("options, message", [
+        (dict(compile="draft"), "needs static_cache=True"),
+        (dict(compile="yes", static_cache=True), "compile must be one of 'none', 'draft', 'all'"),
+    ])
+    def test_bad_options_are_config_errors(self, options, message):
+        with pytest.raises(ConfigError, match=message):
+            SpeculativeDecoder(target=tiny_model("llama"), drafter=NGramDrafter(), **options)

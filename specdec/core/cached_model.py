@@ -34,8 +34,9 @@ class CachedModel:
     """``runner``'s model plus a ``SlotCache`` of the request's active rows, and how far each row's
     committed tokens have been read (``fed_host``, buffer positions, CPU)."""
 
-    def __init__(self, runner: CausalLMRunner | Seq2SeqRunner):
+    def __init__(self, runner: CausalLMRunner | Seq2SeqRunner, role: str = "draft"):
         self.runner = runner
+        self.role = role  # "target" or "draft": which models ``state.compile`` names
         self.slots = None
         self.fed_host: torch.Tensor | None = None  # [R] long, CPU, by original row id
         self._round_columns = 0  # slots reserved since the last keep
@@ -53,6 +54,7 @@ class CachedModel:
     def begin(self, state) -> None:
         """A new request: an empty cache for all its rows."""
         self.slots = self.runner.new_cache(state.batch_size, static_capacity(state) if state.static_shapes else None)
+        self.runner.compiled_steps = self.role in state.compile
         self.fed_host = torch.zeros(state.batch_size, dtype=torch.long)
         self._round_columns = self._catch_up_columns = self._speculative_read = 0
         self._round_start_host = None

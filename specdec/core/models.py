@@ -117,6 +117,22 @@ def select_encoder_rows(outputs: ModelOutput, index: torch.Tensor) -> ModelOutpu
     return type(outputs)(**{name: field[index] for name, field in outputs.items()})
 
 
+def compiled_forward(model: PreTrainedModel):
+    """``model.forward`` through ``torch.compile(dynamic=False)``, compiled once per model and process
+    (CUDA graphs too on CUDA: ``mode="reduce-overhead"``). Only static-shape steps call it: their
+    shapes are a handful (batch bucket x block width), each compiled once. The prefill stays eager,
+    as transformers advises (its width changes with every request)."""
+    compiled = model.__dict__.get("_specdec_compiled_forward")
+    if compiled is None:
+        # A batch that shrinks through its power-of-two buckets meets more shapes than dynamo's
+        # default of 8 recompilations per function, after which it would silently run eager.
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        mode = "reduce-overhead" if model.device.type == "cuda" else None
+        compiled = torch.compile(model.forward, dynamic=False, mode=mode)
+        model.__dict__["_specdec_compiled_forward"] = compiled
+    return compiled
+
+
 class CausalLMRunner:
     """Runs a decoder-only ``*ForCausalLM`` on ragged blocks over a cache with holes.
 
@@ -226,6 +242,8 @@ class CausalLMRunner:
             return torch.cat(outs, dim=1)[:, -logits_to_keep:]
         return torch.cat([o[0] for o in outs], dim=1)[:, -logits_to_keep:], torch.cat([o[1] for o in outs], dim=1)
 
+    compiled_steps = False  # set per request (CachedModel.begin): call a compiled forward after the prefill
+
     def _prepares_masks(self, device: torch.device) -> bool:
         # Off the CPU, transformers' sdpa mask creation from a 2D mask syncs the device (it asks
         # whether the mask is all ones, in Python, for one-token steps and prefills); a prepared 4D
@@ -256,7 +274,10 @@ class CausalLMRunner:
             kwargs["inputs_embeds"] = inputs_embeds
         if hidden:
             kwargs["output_hidden_states"] = True
-        out = self.model(attention_mask=attention_mask, position_ids=position_ids, use_cache=True, **kwargs)
+        call = self.model
+        if self.compiled_steps and slots.static and slots.length > input_ids.shape[1]:  # a step, not the prefill
+            call = compiled_forward(self.model)
+        out = call(attention_mask=attention_mask, position_ids=position_ids, use_cache=True, **kwargs)
         logits = slots.to_active(out.logits[:, -logits_to_keep:])
         return (logits, slots.to_active(out.hidden_states[-1][:, -input_ids.shape[1]:])) if hidden else logits
 

@@ -84,6 +84,8 @@ class DecodeState:
     # Static shapes (``SpeculativeDecoder(static_cache=True)``): preallocated caches, blocks padded
     # to power-of-two widths, finished rows kept in the model's batch until it fits a smaller bucket.
     static_shapes: bool = False
+    # Which models' steps run through torch.compile ("draft", "target"); static shapes only.
+    compile: frozenset = frozenset()
 
     @property
     def batch_size(self) -> int:
