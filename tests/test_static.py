@@ -145,10 +145,11 @@ class TestStaticExactness:
 class TestStaticShapes:
     """The models see few shapes: the mask always spans the capacity, blocks are powers of two."""
 
-    def test_shapes_depend_only_on_batch_bucket_and_width(self):
+    @pytest.mark.parametrize("rows", [5, 6])
+    def test_shapes_depend_only_on_batch_bucket_and_width(self, rows):
         target = tiny_model("llama")
         draft = perturbed_copy(tiny_model("llama"), 0.15)
-        ids, mask = left_padded_prompts(LENGTHS[:5])
+        ids, mask = left_padded_prompts(LENGTHS[:rows])
         eos = eos_mid_row(target, ids, mask, 40)
         reference = greedy_reference(target, ids, mask, 40, eos_token_id=eos)
         recorder, draft_recorder = ShapeRecorder(target), ShapeRecorder(draft)
@@ -165,8 +166,8 @@ class TestStaticShapes:
             after_prefill = shapes[1:]
             assert all(m[-1] == capacity for _, m in shapes), "the mask must always span the full capacity"
             batches = {ids_shape[0] for ids_shape, _ in after_prefill}
-            # The request's 5 rows, then the powers of two below as rows finish (never one shape per row count).
-            assert batches <= {5, 4, 2, 1}, batches
+            # The request's rows, then the powers of two below as rows finish (never one shape per row count).
+            assert batches <= {rows, 4, 2, 1}, batches
             widths = {ids_shape[1] for ids_shape, _ in after_prefill}
             assert all(w == bucket(w) or w - 1 == bucket(w - 1) for w in widths), widths
         # The target reads [last token, k drafts padded to 4]: 5 wide; narrower only where a row's budget

@@ -183,7 +183,7 @@ class SlotCache:
             active, physical = index.shape[0], self.physical_batch
             row_map = self.row_map[index]
             size = bucket(active)
-            if size == physical:
+            if size >= physical:  # the rows still need this batch (a request of 6 rows is a bucket of its own)
                 self.row_map, self._row_map_identity = row_map, False
                 return None
             # The active rows first, in order, then finished ones to fill the bucket (a stable sort
