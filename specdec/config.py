@@ -40,7 +40,7 @@ from .plugins.manager import get_registry
 
 _SECTIONS = {"target", "drafter", "policy", "verifier", "sampling", "observers"}
 _TARGET_KEYS = {"model", "dtype", "device", "attn_implementation", "tokenizer", "cache", "compile"}
-_CACHES = ("dynamic", "static")
+CACHES = ("dynamic", "static")
 # Options that name files: resolved against the TOML file's folder when that path exists there.
 _PATH_OPTIONS = {"model", "weights", "path", "tokenizer", "head"}
 DTYPES = {
@@ -142,8 +142,8 @@ class SpecdecConfig:
         if bad:
             raise ConfigError(f"{source}: [target] has unknown key(s) {', '.join(bad)}; keys are {', '.join(sorted(_TARGET_KEYS))}")
         target = _resolve_paths(target, base_dir)
-        if target.get("cache", "dynamic") not in _CACHES:
-            raise ConfigError(f"{source}: [target] cache must be one of {', '.join(repr(c) for c in _CACHES)}, "
+        if target.get("cache", "dynamic") not in CACHES:
+            raise ConfigError(f"{source}: [target] cache must be one of {', '.join(repr(c) for c in CACHES)}, "
                               f"got {target['cache']!r}")
 
         def component(kind: str, default: str | None) -> ComponentSpec:
