@@ -69,7 +69,9 @@ parser.add_argument("--tail-scale", type=float, default=0.015,
                     help="scale of what the target's layers past the draft's write to the residual stream (their "
                          "o_proj and down_proj): the agreement knob; their cost is unchanged")
 parser.add_argument("--draft-noise", type=float, default=0.0, help="Gaussian noise on the draft's matrices, times their spread")
-parser.add_argument("--contenders", default="target,target+static,assisted,specdec,specdec+static,specdec+compile")
+parser.add_argument("--contenders", default=None,
+                    help="comma-separated, of target,target+static,assisted,specdec,specdec+static,specdec+compile "
+                         "(default: all; --smoke: all but specdec+compile, whose CPU compilation takes minutes)")
 parser.add_argument("--seed", type=int, default=0)
 parser.add_argument("--out", default=None, help="also write the rows as JSON here")
 args = parser.parse_args()
@@ -79,7 +81,8 @@ if args.smoke:
     args.batch_sizes, args.max_new_tokens, args.prompt_tokens, args.prompts, args.repeats = "1,4", 16, "8,24", 4, 1
     args.hidden, args.layers, args.heads, args.kv_heads, args.intermediate, args.vocab = 64, 4, 4, 2, 128, 512
     args.draft_layers, args.init = 1, 0.2
-    args.contenders = "target,target+static,assisted,specdec,specdec+static"
+    args.contenders = args.contenders or "target,target+static,assisted,specdec,specdec+static"
+args.contenders = args.contenders or "target,target+static,assisted,specdec,specdec+static,specdec+compile"
 device, dtype = torch.device(args.device), getattr(torch, args.dtype)
 if device.type == "cpu":
     torch.set_num_threads(1)
