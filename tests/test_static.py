@@ -13,12 +13,13 @@ from specdec.core.cache import bucket
 from specdec.core.models import CausalLMRunner
 from specdec.drafters import ModelDrafter, NGramDrafter, SharedEncoderDrafter
 from specdec.config import SpecdecConfig
-from specdec.policies import ConstantLookahead, DraftConfidenceLookahead, HeuristicLookahead
+from specdec.policies import ConstantLookahead, CostAwareLookahead, DraftConfidenceLookahead, HeuristicLookahead
 from specdec.verifiers import RejectionVerifier
 from specdec.whisper import speculative_whisper_generate
 
 from . import architectures
 from .conftest import EOS, Recorder, greedy_reference, left_padded_prompts, perturbed_copy, tiny_model
+from .test_cost_aware import Ticks
 from .test_exactness import eos_mid_row
 from .tiny_whisper import features, tiny_distil_decoder, tiny_whisper
 
@@ -140,6 +141,22 @@ class TestStaticExactness:
         path.write_text('[target]\nmodel = "m"\ncache = "fixed"\n[drafter]\nuse = "ngram"\n')
         with pytest.raises(ConfigError, match="\\[target\\] cache must be one of 'dynamic', 'static', got 'fixed'"):
             SpecdecConfig.from_toml(path)
+
+
+    def test_plain_target_steps_and_probes_of_cost_aware(self):
+        """k = 0 rounds (the draft skips them, so its catch-up grows) mixed with probes, statically."""
+        target = tiny_model("llama")
+        ids, mask = left_padded_prompts(LENGTHS[:4])
+        clock = Ticks(lambda k: 1.0 + 5.0 * k)  # drafting is expensive: mostly plain target steps
+        policy = CostAwareLookahead(clock=clock, probe_rate=0.2)
+        clock.policy = policy
+        recorder = Recorder()
+        decoder = SpeculativeDecoder(target=target, drafter=make_drafter("close", "llama"), policy=policy,
+                                     observers=[recorder], static_cache=True)
+        out = decoder.generate(ids, attention_mask=mask, max_new_tokens=30)
+        assert torch.equal(out.sequences, greedy_reference(target, ids, mask, 30))
+        widths = [step.draft.width for step in recorder.steps]
+        assert 0 in widths and any(widths)
 
 
 class TestStaticShapes:
