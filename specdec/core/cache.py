@@ -132,8 +132,9 @@ class SlotCache:
         return self.slot_mask.long(), position_ids
 
     def _grow(self, needed: int) -> None:
-        """A block that does not fit even after compaction (a lookahead wider than the headroom):
-        reallocate every static tensor larger, a one-off change of shape (counted in ``regrowths``)."""
+        """A block wider than the free columns (compaction runs between rounds and keeps ``headroom``
+        free, so only a lookahead wider than that gets here): reallocate every static tensor larger,
+        a one-off change of shape (counted in ``regrowths``)."""
         capacity = -(-(needed + self.headroom) // 64) * 64
         extra = capacity - self.capacity
         self.slot_mask = torch.cat([self.slot_mask, self.slot_mask.new_zeros(self.slot_mask.shape[0], extra)], dim=1)
