@@ -4,6 +4,8 @@
 [target]
 model = "models/python-pair/target"   # relative paths are relative to this file
 dtype = "float32"
+cache = "dynamic"   # or "static": preallocated caches and fixed step shapes (SpeculativeDecoder(static_cache=True))
+compile = "none"    # or "draft" / "all": torch.compile the models' steps (static cache only)
 
 [drafter]
 use = "model"
@@ -37,7 +39,8 @@ from .errors import ConfigError
 from .plugins.manager import get_registry
 
 _SECTIONS = {"target", "drafter", "policy", "verifier", "sampling", "observers"}
-_TARGET_KEYS = {"model", "dtype", "device", "attn_implementation", "tokenizer"}
+_TARGET_KEYS = {"model", "dtype", "device", "attn_implementation", "tokenizer", "cache", "compile"}
+CACHES = ("dynamic", "static")
 # Options that name files: resolved against the TOML file's folder when that path exists there.
 _PATH_OPTIONS = {"model", "weights", "path", "tokenizer", "head"}
 DTYPES = {
@@ -139,6 +142,9 @@ class SpecdecConfig:
         if bad:
             raise ConfigError(f"{source}: [target] has unknown key(s) {', '.join(bad)}; keys are {', '.join(sorted(_TARGET_KEYS))}")
         target = _resolve_paths(target, base_dir)
+        if target.get("cache", "dynamic") not in CACHES:
+            raise ConfigError(f"{source}: [target] cache must be one of {', '.join(repr(c) for c in CACHES)}, "
+                              f"got {target['cache']!r}")
 
         def component(kind: str, default: str | None) -> ComponentSpec:
             table = _table(data, kind, source)
@@ -223,6 +229,16 @@ class SpecdecConfig:
             return bool(AutoConfig.from_pretrained(str(self.target["model"])).is_encoder_decoder)
         except (OSError, ValueError):
             return False  # load_target reports the unreadable model
+
+    @property
+    def static_cache(self) -> bool:
+        """``[target] cache = "static"``: see ``SpeculativeDecoder(static_cache=...)``."""
+        return self.target.get("cache", "dynamic") == "static"
+
+    @property
+    def compile(self) -> str:
+        """``[target] compile``: see ``SpeculativeDecoder(compile=...)`` (checked there)."""
+        return str(self.target.get("compile", "none"))
 
     def load_target(self):
         """The target model and its tokenizer (offline when the paths are local).

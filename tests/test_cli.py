@@ -144,6 +144,25 @@ class TestBench:
         assert [r["method"] for r in rows] == ["target alone", "specdec (model, constant)"]
         assert rows[1]["exact"] is None and rows[1]["new_tokens"] > 0
 
+    def test_static_cache_bench_is_exact(self, pair, tmp_path):
+        out = tmp_path / "bench.json"
+        result = runner.invoke(
+            app,
+            ["bench", "-c", str(pair), "--batch-sizes", "2", "--num-prompts", "2", "--max-new-tokens", "6",
+             "--repeats", "1", "--warmup", "0", "--no-assisted", "--cache", "static", "--out", str(out)],
+        )
+        assert result.exit_code == 0, result.output
+        rows = json.loads(out.read_text())["results"]
+        assert rows[1]["method"] == "specdec (model, constant)" and rows[1]["exact"]
+
+    @pytest.mark.parametrize("args, message", [
+        (["--cache", "fixed"], "--cache must be one of dynamic, static, got 'fixed'"),
+        (["--compile", "draft"], "needs static_cache=True"),
+    ])
+    def test_bad_cache_options(self, pair, args, message):
+        result = runner.invoke(app, ["bench", "-c", str(pair), "--batch-sizes", "1", "--num-prompts", "1", *args])
+        assert result.exit_code != 0 and message in " ".join(result.output.split())
+
     def test_bad_batch_sizes(self, pair):
         for value in ("0", "a,b", ""):
             result = runner.invoke(app, ["bench", "-c", str(pair), "--batch-sizes", value])

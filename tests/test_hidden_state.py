@@ -36,13 +36,15 @@ def target_for(arch: str):
 class TestExactness:
     @pytest.mark.parametrize("arch", ["llama", "gpt2", "sliding"])
     @pytest.mark.parametrize("policy", ["constant", "heuristic"])
-    def test_matches_target_generate_on_a_ragged_batch(self, arch, policy):
+    @pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
+    def test_matches_target_generate_on_a_ragged_batch(self, arch, policy, static):
         target = target_for(arch)
         vocab = target.config.vocab_size
         ids, mask = left_padded_prompts([9, 3, 14, 6], vocab=vocab)
         expected = greedy_reference(target, ids, mask, 20)
         decoder = SpeculativeDecoder(target=target, drafter=HiddenStateDrafter(trained_head(arch)),
-                                     policy=ConstantLookahead(k=3) if policy == "constant" else HeuristicLookahead())
+                                     policy=ConstantLookahead(k=3) if policy == "constant" else HeuristicLookahead(),
+                                     static_cache=static)
         out = decoder.generate(ids, attention_mask=mask, max_new_tokens=20)
         assert torch.equal(out.sequences, expected)
         assert out.stats.drafted > 0  # it drafted after the first (plain) step

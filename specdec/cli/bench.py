@@ -36,6 +36,8 @@ def bench(
     temperature: float = typer.Option(0.0, min=0.0, help="Sample at this temperature (0: greedy) with the rejection verifier"),
     top_p: float = typer.Option(1.0, min=0.0, max=1.0, help="Nucleus sampling threshold when sampling"),
     out: Optional[Path] = typer.Option(None, "--out", help="Also write the results as JSON to this file"),
+    cache: Optional[str] = typer.Option(None, help="specdec's KV caches: 'dynamic' or 'static' (default: the config's [target] cache)"),
+    compile_steps: Optional[str] = typer.Option(None, "--compile", help="With --cache static: torch.compile 'draft' or 'all' models' steps"),
 ):
     """Time specdec against the target alone and Transformers' assisted generation, interleaved."""
     from ..errors import SpecdecError
@@ -45,6 +47,15 @@ def bench(
     if any(size < 1 for size in sizes):
         raise fail(f"--batch-sizes must be positive integers, got {batch_sizes!r}")
     spec = load_config(config)
+    overrides = {key: value for key, value in (("cache", cache), ("compile", compile_steps)) if value is not None}
+    if overrides:
+        import attrs
+
+        from ..config import CACHES
+
+        if cache is not None and cache not in CACHES:
+            raise fail(f"--cache must be one of {', '.join(CACHES)}, got {cache!r}")
+        spec = attrs.evolve(spec, target={**spec.target, **overrides})  # --compile is checked by the decoder
     drafter_names = _parse_list(drafters, "drafters") if drafters else [spec.drafter.use]
     policy_names = _parse_list(policies, "policies") if policies else [spec.policy.use]
     if prompts_file is None:

@@ -11,14 +11,36 @@ right and drops the columns nobody needs.
 
 Decisions about shapes (when to compact) need the row lengths on the host; the caller passes them
 in from numbers it has already synced, so the cache itself never forces a device sync.
+
+**Static shapes** (``capacity`` given; ``SpeculativeDecoder(static_cache=True)``): every attention
+layer is a transformers ``StaticLayer`` preallocated to ``capacity`` slots, written in place at the
+next free column (all rows share the column, which is what keeps the cache rectangular), and the
+slot mask and positions are preallocated alike, so a model sees the same shapes every step: the
+full-capacity mask ``[P, capacity]`` and a block ``[P, n]``. Compaction is a gather in place
+(valid slots to the left, the write column moved back) when fewer than ``headroom`` columns are
+free. Rows that finish stay in the physical batch of ``P`` rows, fed holes, until the active rows
+fit a smaller power of two; only then is the cache cut to that bucket (``row_map`` maps active
+rows to physical ones). Why not transformers' ``StaticCache`` as it is: its sliding-window layers
+evict slots (the window is counted in positions here, by the mask), and it would not know about
+holes; its ``StaticLayer`` is exactly the preallocated, index-written tensor pair wanted.
 """
 
 from __future__ import annotations
 
 import torch
-from transformers.cache_utils import Cache, DynamicLayer, EncoderDecoderCache, LinearAttentionCacheLayerMixin
+from transformers.cache_utils import Cache, DynamicLayer, EncoderDecoderCache, LinearAttentionCacheLayerMixin, StaticLayer
 
 from .recurrent import RecurrentStates
+
+
+def bucket(n: int) -> int:
+    """The power of two at or above ``n`` (0 for 0): the widths and batch sizes static shapes use."""
+    return 0 if n <= 0 else 1 << (n - 1).bit_length()
+
+
+def static_cache(layers: int, capacity: int) -> Cache:
+    """A cache of ``layers`` full-attention ``StaticLayer``s of ``capacity`` slots each."""
+    return Cache(layers=[StaticLayer(max_cache_len=capacity) for _ in range(layers)])
 
 
 def _self_attention_layers(cache: Cache) -> list:
@@ -37,8 +59,15 @@ class SlotCache:
     is also the position id of the row's next token.
     """
 
-    def __init__(self, cache: Cache, batch_size: int, device: torch.device):
+    def __init__(self, cache: Cache, batch_size: int, device: torch.device, capacity: int | None = None,
+                 headroom: int = 64):
         self.cache = cache
+        self.capacity = capacity  # None: dynamic (the cache grows by concatenation)
+        self.headroom = headroom
+        self._used = 0  # static: the next free column, the same for every row
+        # Static: active row b lives in physical row row_map[b] (finished rows stay until the batch bucket shrinks).
+        self.row_map = torch.arange(batch_size, device=device) if capacity is not None else None
+        self.regrowths = 0
         # Recurrent layers' states, rewound to each row's last kept token (core/recurrent.py).
         layers = _self_attention_layers(cache)
         recurrent = any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in layers)
@@ -46,14 +75,39 @@ class SlotCache:
         # A model without attention layers (Mamba) reads the mask as "which tokens of this block are
         # real", not "which slots may be attended".
         self.attends = not recurrent or any(isinstance(layer, DynamicLayer) for layer in layers)
-        self.slot_mask = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)
-        self.positions = torch.zeros(batch_size, 0, dtype=torch.long, device=device)
+        self.slot_mask = torch.zeros(batch_size, capacity or 0, dtype=torch.bool, device=device)
+        self.positions = torch.zeros(batch_size, capacity or 0, dtype=torch.long, device=device)
         self.n_valid = torch.zeros(batch_size, dtype=torch.long, device=device)
         self.compactions = 0
+        self._row_map_identity = True
+
+    @property
+    def static(self) -> bool:
+        return self.capacity is not None
 
     @property
     def length(self) -> int:
-        return self.slot_mask.shape[1]
+        """Columns in use (static: the next free column)."""
+        return self._used if self.static else self.slot_mask.shape[1]
+
+    @property
+    def physical_batch(self) -> int:
+        """Rows the model sees: the active rows, or (static) their power-of-two bucket."""
+        return self.slot_mask.shape[0]
+
+    def to_physical(self, rows: torch.Tensor, fill=0) -> torch.Tensor:
+        """Active rows' ``[B, ...]`` values placed in their physical rows of a ``[P, ...]`` tensor;
+        rows that finished get ``fill``. Dynamic caches have no other rows: returned as they are."""
+        if self.row_map is None or (rows.shape[0] == self.physical_batch and self._identity):
+            return rows
+        out = rows.new_full((self.physical_batch, *rows.shape[1:]), fill)
+        return out.index_copy_(0, self.row_map, rows)
+
+    def to_active(self, rows: torch.Tensor) -> torch.Tensor:
+        """The active rows of a ``[P, ...]`` model output."""
+        if self.row_map is None or (rows.shape[0] == self.row_map.shape[0] and self._identity):
+            return rows
+        return rows.index_select(0, self.row_map)
 
     def extend(self, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Reserve slots for a block of new tokens; return ``(attention_mask, position_ids)`` for it.
@@ -64,10 +118,37 @@ class SlotCache:
         # Holes get the position of the valid token before them; they are masked, so it only has
         # to be a legal index.
         position_ids = (self.n_valid[:, None] + valid.cumsum(1) - 1).clamp_(min=0)  # [B, n]
+        self.n_valid = self.n_valid + valid.sum(1)
+        if self.static:
+            start, n = self._used, valid.shape[1]
+            if start + n > self.capacity:
+                self._grow(start + n)
+            self.slot_mask[:, start : start + n] = valid  # [P, capacity]: written in place
+            self.positions[:, start : start + n] = position_ids
+            self._used = start + n
+            return self.slot_mask.long(), position_ids
         self.slot_mask = torch.cat([self.slot_mask, valid], dim=1)  # [B, L + n]
         self.positions = torch.cat([self.positions, position_ids], dim=1)  # [B, L + n]
-        self.n_valid = self.n_valid + valid.sum(1)
         return self.slot_mask.long(), position_ids
+
+    def _grow(self, needed: int) -> None:
+        """A block wider than the free columns (compaction runs between rounds and keeps ``headroom``
+        free, so only a lookahead wider than that gets here): reallocate every static tensor larger,
+        a one-off change of shape (counted in ``regrowths``)."""
+        capacity = -(-(needed + self.headroom) // 64) * 64
+        extra = capacity - self.capacity
+        self.slot_mask = torch.cat([self.slot_mask, self.slot_mask.new_zeros(self.slot_mask.shape[0], extra)], dim=1)
+        self.positions = torch.cat([self.positions, self.positions.new_zeros(self.positions.shape[0], extra)], dim=1)
+        for layer in _self_attention_layers(self.cache):
+            layer.max_cache_len = capacity
+            if getattr(layer, "is_initialized", False):
+                for name in ("keys", "values"):
+                    old = getattr(layer, name)
+                    grown = torch.cat([old, old.new_zeros(*old.shape[:2], extra, old.shape[3])], dim=2)
+                    torch._dynamo.mark_static_address(grown)
+                    setattr(layer, name, grown)
+        self.capacity = capacity
+        self.regrowths += 1
 
     def drop_tail(self, n: int, keep_columns: torch.Tensor, widest: int | None = None) -> None:
         """Of the last ``n`` slots, turn every column from ``keep_columns[b]`` on into a hole.
@@ -79,18 +160,51 @@ class SlotCache:
             return
         if self.recurrent is not None:
             self.recurrent.rewind(keep_columns)
-        tail = self.slot_mask[:, -n:]  # [B, n]
+        keep_columns = self.to_physical(keep_columns)  # finished rows keep nothing new
+        end = self.length
+        tail = self.slot_mask[:, end - n : end]  # [B, n]
         kept = torch.arange(n, device=tail.device)[None, :] < keep_columns[:, None]
         self.n_valid = self.n_valid - (tail & ~kept).sum(1)
-        self.slot_mask = torch.cat([self.slot_mask[:, :-n], tail & kept], dim=1)
+        if self.static:
+            self.slot_mask[:, end - n : end] = tail & kept
+        else:
+            self.slot_mask = torch.cat([self.slot_mask[:, :-n], tail & kept], dim=1)
         if widest is not None:
             self.maybe_compact(widest)
 
-    def select_rows(self, index: torch.Tensor, widest: int) -> None:
-        """Keep only the rows in ``index`` (finished rows leave the batch)."""
+    @property
+    def _identity(self) -> bool:
+        return self._row_map_identity
+
+    def select_rows(self, index: torch.Tensor, widest: int) -> torch.Tensor | None:
+        """Keep only the active rows in ``index`` (finished rows leave the batch). Returns the
+        physical rows kept, for whoever keeps per-row model inputs (encoder outputs), or None when
+        the physical batch did not change (static: the active rows still need this bucket)."""
+        if self.static:
+            active, physical = index.shape[0], self.physical_batch
+            row_map = self.row_map[index]
+            size = bucket(active)
+            if size >= physical:  # the rows still need this batch (a request of 6 rows is a bucket of its own)
+                self.row_map, self._row_map_identity = row_map, False
+                return None
+            # The active rows first, in order, then finished ones to fill the bucket (a stable sort
+            # of "finished?" lists them; no nonzero, so no device sync).
+            finished = torch.ones(physical, dtype=torch.bool, device=row_map.device).index_fill_(0, row_map, False)
+            fillers = finished.long().argsort(stable=True)[active:size]
+            index = torch.cat([row_map, fillers])
+            self.row_map, self._row_map_identity = torch.arange(active, device=row_map.device), True
+        self._select_physical(index)
+        self.maybe_compact(widest)
+        return index
+
+    def _select_physical(self, index: torch.Tensor) -> None:
         for layer in _self_attention_layers(self.cache):
             if isinstance(layer, DynamicLayer):  # the attention part of a hybrid layer too
                 layer.batch_select_indices(index)
+            elif isinstance(layer, StaticLayer) and getattr(layer, "is_initialized", False):
+                layer.keys, layer.values = layer.keys[index], layer.values[index]
+                torch._dynamo.mark_static_address(layer.keys)  # a new address: compiled steps re-record once
+                torch._dynamo.mark_static_address(layer.values)
         if isinstance(self.cache, EncoderDecoderCache):
             self.cache.cross_attention_cache.batch_select_indices(index)
         if self.recurrent is not None:
@@ -98,15 +212,23 @@ class SlotCache:
         self.slot_mask = self.slot_mask[index]
         self.positions = self.positions[index]
         self.n_valid = self.n_valid[index]
-        self.maybe_compact(widest)
 
     def maybe_compact(self, widest: int) -> None:
+        if self.static:
+            # Fewer than `headroom` free columns: gather the valid slots back to the left.
+            if self._used + self.headroom > self.capacity and self._used > widest:
+                self.compact(widest)
+            return
         # Holes dominate: the cache is at least twice as long as its fullest row needs.
         if self.length >= 16 and self.length - widest >= widest:
             self.compact(widest)
 
     def compact(self, width: int) -> None:
-        """Gather every row's valid slots to the right end of a cache ``width`` slots long."""
+        """Gather every row's valid slots to the right end of a cache ``width`` slots long (static:
+        of its first ``width`` columns, in place, and write from there on)."""
+        if self.static:
+            self._compact_in_place(width)
+            return
         length = self.length
         # Sort key puts holes first and valid slots after them, each group in slot order, so the
         # last `width` columns of the order are exactly the valid slots (left-padded by holes).
@@ -127,4 +249,23 @@ class SlotCache:
             indexer_keys = getattr(layer, "indexer_keys", None)  # sparse attention's indexer (DSA)
             if isinstance(indexer_keys, torch.Tensor) and indexer_keys.dim() == 3 and indexer_keys.shape[1] == length:
                 layer.indexer_keys = indexer_keys.gather(1, order[:, :, None].expand(-1, -1, indexer_keys.shape[-1]))
+        self.compactions += 1
+
+    def _compact_in_place(self, width: int) -> None:
+        used = self._used
+        positions = torch.arange(used, device=self.slot_mask.device)
+        key = self.slot_mask[:, :used].long() * used + positions[None, :]
+        order = key.argsort(dim=1)[:, used - width :]  # [P, width]: each row's last valid slots, in order
+        self.slot_mask[:, :width] = self.slot_mask[:, :used].gather(1, order)
+        self.slot_mask[:, width:] = False
+        self.positions[:, :width] = self.positions[:, :used].gather(1, order)
+        for layer in _self_attention_layers(self.cache):
+            if not getattr(layer, "is_initialized", False):
+                continue
+            for name in ("keys", "values"):
+                tensor = getattr(layer, name)
+                index = order[:, None, :, None].expand(-1, tensor.shape[1], -1, tensor.shape[-1])
+                tensor[:, :, :width] = tensor[:, :, :used].gather(2, index)  # in place: the address stays
+            layer.cumulative_length.fill_(width)
+        self._used = width
         self.compactions += 1

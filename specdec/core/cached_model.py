@@ -23,15 +23,20 @@ from __future__ import annotations
 
 import torch
 
+from .cache import bucket
 from .models import CausalLMRunner, Seq2SeqRunner
+
+# Free columns a static cache keeps for the next rounds; fewer, and it compacts (core/cache.py).
+STATIC_HEADROOM = 64
 
 
 class CachedModel:
     """``runner``'s model plus a ``SlotCache`` of the request's active rows, and how far each row's
     committed tokens have been read (``fed_host``, buffer positions, CPU)."""
 
-    def __init__(self, runner: CausalLMRunner | Seq2SeqRunner):
+    def __init__(self, runner: CausalLMRunner | Seq2SeqRunner, role: str = "draft"):
         self.runner = runner
+        self.role = role  # "target" or "draft": which models ``state.compile`` names
         self.slots = None
         self.fed_host: torch.Tensor | None = None  # [R] long, CPU, by original row id
         self._round_columns = 0  # slots reserved since the last keep
@@ -48,7 +53,8 @@ class CachedModel:
 
     def begin(self, state) -> None:
         """A new request: an empty cache for all its rows."""
-        self.slots = self.runner.new_cache(state.batch_size)
+        self.slots = self.runner.new_cache(state.batch_size, static_capacity(state) if state.static_shapes else None)
+        self.runner.compiled_steps = self.role in state.compile
         self.fed_host = torch.zeros(state.batch_size, dtype=torch.long)
         self._round_columns = self._catch_up_columns = self._speculative_read = 0
         self._round_start_host = None
@@ -89,7 +95,8 @@ class CachedModel:
             positions = self._round_start[:, None] + self._speculative_read + torch.arange(speculative, device=device)
         self._speculative_read += speculative
         if self._round_columns == 0:  # the round's first read catches up on the committed tokens
-            catch_up, catch_up_valid, catch_up_positions = state.committed_since(self.fed_host[state.rows_host])  # [B, W]
+            catch_up, catch_up_valid, catch_up_positions = state.committed_since(
+                self.fed_host[state.rows_host], bucketed=self.slots.static)  # [B, W]
             self._catch_up_columns = catch_up.shape[1]
             if self.slots.recurrent is not None and speculative:
                 # Recurrent states read the committed block first, as generate reads the prompt,
@@ -141,12 +148,21 @@ class CachedModel:
 
     def select_rows(self, state, keep: torch.Tensor) -> None:
         """Finished rows leave the batch; ``state.rows_host`` already holds the rows that stay."""
-        self.slots.select_rows(keep, widest=self._widest(state, state.rows_host))
-        self.runner.select_rows(keep)
+        physical = self.slots.select_rows(keep, widest=self._widest(state, state.rows_host))
+        if physical is not None:  # the rows the model sees changed (static caches: only when the bucket shrinks)
+            self.runner.select_rows(physical)
 
     def _widest(self, state, rows_host: torch.Tensor) -> int:
         """The most valid slots any of ``rows_host`` holds: committed tokens read, less prompt padding."""
         return int((self.fed_host - state.padding_host)[rows_host].max())
+
+
+def static_capacity(state) -> int:
+    """Slots a static cache preallocates per row: the prompt's width (as read, in a power-of-two
+    block), every new token, one more, and the headroom of holes between compactions; rounded up
+    to 64. A wider block than that grows the cache once (``SlotCache.regrowths``)."""
+    need = bucket(state.prompt_width) + state.max_new_tokens + 1 + STATIC_HEADROOM
+    return -(-need // 64) * 64
 
 
 def _joined(first, rest, logits_to_keep: int, hidden: bool):

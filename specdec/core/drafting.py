@@ -13,6 +13,12 @@ class TokenByToken:
     sample when sampling), keeps the draft's probabilities q, counts each row's length and says when
     to stop (every row at its budget, or the policy's ``keep_drafting`` says no row goes on).
     A drafter calls its model, then ``add`` with the processed scores, then ``more``.
+
+    A row the policy stops is masked on the device (its length stops growing; the tokens drafted
+    for it afterwards are padding nobody reads). Whether the loop also ends as soon as no row goes
+    on is ``state.draft_early_exit``: that needs the device's answer on the host, one sync per
+    draft position, which is free on a CPU and stalls a GPU's queue (``SpeculativeDecoder``'s
+    ``draft_early_exit`` chooses; docs/design.md, "Host syncs", has the measurement).
     """
 
     def __init__(self, state, max_tokens: torch.Tensor):  # max_tokens [B] CPU
@@ -60,7 +66,7 @@ class TokenByToken:
         keep = keep_drafting(j, self.tokens[:, j], self.token_probs[:, j], self._q)
         if keep is not None:
             self.drafting = self.drafting & keep
-            if not bool(self.drafting.any()):  # the policy's opt-in sync
+            if self.state.draft_early_exit and not bool(self.drafting.any()):  # a sync; the CPU's default
                 return False
         return True
 

@@ -66,6 +66,11 @@ class AttentionLayout:
                    chunk if isinstance(chunk, int) else None, implementation)
 
     @property
+    def takes_prepared_masks(self) -> bool:
+        """Whether the attention implementation uses a prepared 4D mask as it is (sdpa, eager)."""
+        return self.implementation in _MASK_FORMATS
+
+    @property
     def counts_positions(self) -> bool:
         """Whether some layer attends through a window or in chunks (then the loop builds the masks)."""
         return any(kind != FULL for kind in self.kinds)
@@ -84,18 +89,21 @@ class AttentionLayout:
         self,
         slot_mask: torch.Tensor,  # [B, L] bool: which slots hold a token (the new block's included)
         positions: torch.Tensor,  # [B, L] long: each slot's position
-        query_positions: torch.Tensor,  # [B, n] long: positions of the last n slots (the block read now)
+        query_positions: torch.Tensor,  # [B, n] long: positions of the block read now
         dtype: torch.dtype,
+        first_query_slot: int | None = None,  # the block's first slot; default: the last n slots
     ) -> torch.Tensor | dict[str, torch.Tensor]:
         """The prepared 4D mask ``[B, 1, n, L]`` of each attention kind: a tensor if there is one kind,
-        else a dict by layer type."""
+        else a dict by layer type. A static cache passes its full capacity as L and the block's
+        first slot (columns past the block are empty slots, hidden like holes)."""
         length, n = slot_mask.shape[1], query_positions.shape[1]
+        first = length - n if first_query_slot is None else first_query_slot
         key_pos = positions[:, None, :]  # [B, 1, L]
         query_pos = query_positions[:, :, None]  # [B, n, 1]
         visible = slot_mask[:, None, :] & (key_pos <= query_pos)  # [B, n, L]
         # A query slot that is a hole still sees itself, so no row of the mask is empty (an empty
         # row makes NaNs that the next layer would read from the cache).
-        own = torch.arange(length - n, length, device=slot_mask.device)
+        own = torch.arange(first, first + n, device=slot_mask.device)
         visible[:, torch.arange(n, device=slot_mask.device), own] = True
         masks = {}
         for kind in self.kinds:
@@ -111,7 +119,7 @@ class AttentionLayout:
         # Recurrent and conv layers read the 2D mask of the block itself (transformers'
         # create_recurrent_attention_mask): which of its tokens are real; none for one token.
         for kind in self.others:
-            masks[kind] = slot_mask[:, -n:].long() if n > 1 else None
+            masks[kind] = slot_mask[:, first : first + n].long() if n > 1 else None
         return masks[self.kinds[0]] if len(masks) == 1 else masks
 
 

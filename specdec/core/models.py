@@ -17,7 +17,7 @@ from transformers.modeling_outputs import BaseModelOutput
 from transformers.utils import ModelOutput
 
 from ..errors import ConfigError, InputError
-from .cache import SlotCache
+from .cache import SlotCache, static_cache
 from .masks import AttentionLayout
 from .recurrent import config_cache
 
@@ -117,6 +117,22 @@ def select_encoder_rows(outputs: ModelOutput, index: torch.Tensor) -> ModelOutpu
     return type(outputs)(**{name: field[index] for name, field in outputs.items()})
 
 
+def compiled_forward(model: PreTrainedModel):
+    """``model.forward`` through ``torch.compile(dynamic=False)``, compiled once per model and process
+    (CUDA graphs too on CUDA: ``mode="reduce-overhead"``). Only static-shape steps call it: their
+    shapes are a handful (batch bucket x block width), each compiled once. The prefill stays eager,
+    as transformers advises (its width changes with every request)."""
+    compiled = model.__dict__.get("_specdec_compiled_forward")
+    if compiled is None:
+        # A batch that shrinks through its power-of-two buckets meets more shapes than dynamo's
+        # default of 8 recompilations per function, after which it would silently run eager.
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        mode = "reduce-overhead" if model.device.type == "cuda" else None
+        compiled = torch.compile(model.forward, dynamic=False, mode=mode)
+        model.__dict__["_specdec_compiled_forward"] = compiled
+    return compiled
+
+
 class CausalLMRunner:
     """Runs a decoder-only ``*ForCausalLM`` on ragged blocks over a cache with holes.
 
@@ -153,10 +169,31 @@ class CausalLMRunner:
         """Whether the model can read an encoder output (``encoder_outputs`` / ``encoder_hidden_states``)."""
         return self._encoder_argument is not None
 
-    def new_cache(self, batch_size: int) -> SlotCache:
+    def new_cache(self, batch_size: int, capacity: int | None = None) -> SlotCache:
+        """An empty cache for ``batch_size`` rows; with ``capacity``, preallocated (static shapes)."""
+        if capacity is not None:
+            self.check_static()
+            self_attention = static_cache(_decoder_layers(self.model), capacity)
+            if self.encoder_outputs is not None:
+                self_attention = EncoderDecoderCache(self_attention, DynamicCache())
+            return SlotCache(self_attention, batch_size, self.device, capacity)
         if self.encoder_outputs is not None:
             return SlotCache(EncoderDecoderCache(DynamicCache(), DynamicCache()), batch_size, self.device)
         return SlotCache(config_cache(self.model) or DynamicCache(), batch_size, self.device)
+
+    def check_static(self) -> None:
+        """Refuse, before decoding, a model whose state a preallocated cache cannot hold."""
+        who = f"static_cache: {type(self.model).__name__}"
+        if config_cache(self.model) is not None or self.layout.others:
+            raise ConfigError(
+                f"{who} keeps state besides attention keys and values (recurrent or conv states, sparse-attention "
+                "indexer keys), which specdec's static cache does not preallocate; decode it with static_cache=False"
+            )
+        if not self.layout.takes_prepared_masks:
+            raise ConfigError(
+                f"{who} uses attn_implementation={self.layout.implementation!r}; the static cache hands the model "
+                "prepared 4D masks over its full capacity, which only 'sdpa' and 'eager' take"
+            )
 
     def begin(self, encoder_outputs=None, **model_inputs) -> ModelOutput | None:
         """Per-request inputs other than tokens. A decoder-only LM reads none of the encoder's
@@ -205,10 +242,23 @@ class CausalLMRunner:
             return torch.cat(outs, dim=1)[:, -logits_to_keep:]
         return torch.cat([o[0] for o in outs], dim=1)[:, -logits_to_keep:], torch.cat([o[1] for o in outs], dim=1)
 
+    compiled_steps = False  # set per request (CachedModel.begin): call a compiled forward after the prefill
+
+    def _prepares_masks(self, device: torch.device) -> bool:
+        # Off the CPU, transformers' sdpa mask creation from a 2D mask syncs the device (it asks
+        # whether the mask is all ones, in Python, for one-token steps and prefills); a prepared 4D
+        # mask is used as it is. On the CPU a sync is free and the 2D path is transformers' own.
+        return device.type != "cpu" and self.layout.takes_prepared_masks
+
     def _forward(self, slots: SlotCache, input_ids, valid, logits_to_keep: int, inputs_embeds=None, hidden=False):
+        # A static cache's physical batch may hold finished rows: they read holes.
+        input_ids, valid = slots.to_physical(input_ids), slots.to_physical(valid, False)  # [P, n]
+        if inputs_embeds is not None:
+            inputs_embeds = slots.to_physical(inputs_embeds)
         attention_mask, position_ids = slots.extend(valid)
-        if self.layout.counts_positions:
-            attention_mask = self.layout.masks(slots.slot_mask, slots.positions, position_ids, self.model.dtype)
+        if self.layout.counts_positions or slots.attends and (slots.static or self._prepares_masks(input_ids.device)):
+            attention_mask = self.layout.masks(slots.slot_mask, slots.positions, position_ids, self.model.dtype,
+                                               first_query_slot=slots.length - input_ids.shape[1])
         elif not slots.attends:
             attention_mask = valid.long()
         kwargs = {}
@@ -224,9 +274,12 @@ class CausalLMRunner:
             kwargs["inputs_embeds"] = inputs_embeds
         if hidden:
             kwargs["output_hidden_states"] = True
-        out = self.model(attention_mask=attention_mask, position_ids=position_ids, use_cache=True, **kwargs)
-        logits = out.logits[:, -logits_to_keep:]
-        return (logits, out.hidden_states[-1][:, -input_ids.shape[1]:]) if hidden else logits
+        call = self.model
+        if self.compiled_steps and slots.static and slots.length > input_ids.shape[1]:  # a step, not the prefill
+            call = compiled_forward(self.model)
+        out = call(attention_mask=attention_mask, position_ids=position_ids, use_cache=True, **kwargs)
+        logits = slots.to_active(out.logits[:, -logits_to_keep:])
+        return (logits, slots.to_active(out.hidden_states[-1][:, -input_ids.shape[1]:])) if hidden else logits
 
 
 class Seq2SeqRunner:
@@ -260,8 +313,13 @@ class Seq2SeqRunner:
     def main_input_name(self) -> str:
         return self.model.get_encoder().main_input_name
 
-    def new_cache(self, batch_size: int) -> SlotCache:
-        return SlotCache(EncoderDecoderCache(DynamicCache(), DynamicCache()), batch_size, self.device)
+    def new_cache(self, batch_size: int, capacity: int | None = None) -> SlotCache:
+        """An empty cache for ``batch_size`` rows; with ``capacity``, the decoder's self-attention is
+        preallocated (static shapes; the cross-attention keys are computed once anyway)."""
+        if capacity is None:
+            return SlotCache(EncoderDecoderCache(DynamicCache(), DynamicCache()), batch_size, self.device)
+        cache = EncoderDecoderCache(static_cache(_decoder_layers(self.model), capacity), DynamicCache())
+        return SlotCache(cache, batch_size, self.device, capacity)
 
     @torch.no_grad()
     def begin(self, encoder_outputs=None, attention_mask=None, **encoder_inputs) -> ModelOutput:
@@ -302,7 +360,10 @@ class Seq2SeqRunner:
         inputs_embeds: torch.Tensor | None = None,  # [B, n, D] decoder input embeddings
         hidden: bool = False,
     ):  # logits [B, logits_to_keep, V], or (logits, last decoder hidden states [B, n, H]) with ``hidden``
-        attention_mask, position_ids = slots.extend(valid)  # [B, L + n], [B, n]
+        input_ids, valid = slots.to_physical(input_ids), slots.to_physical(valid, False)  # static: [P, n]
+        if inputs_embeds is not None:
+            inputs_embeds = slots.to_physical(inputs_embeds)
+        attention_mask, position_ids = slots.extend(valid)  # [B, L + n] (static: [P, capacity]), [B, n]
         tokens = {"decoder_input_ids": input_ids} if inputs_embeds is None else {"decoder_inputs_embeds": inputs_embeds}
         out = self.model(
             encoder_outputs=self.encoder_outputs,
@@ -314,8 +375,18 @@ class Seq2SeqRunner:
             output_hidden_states=hidden,
             **tokens,
         )
-        logits = out.logits[:, -logits_to_keep:]
-        return (logits, out.decoder_hidden_states[-1][:, -input_ids.shape[1]:]) if hidden else logits
+        logits = slots.to_active(out.logits[:, -logits_to_keep:])
+        return (logits, slots.to_active(out.decoder_hidden_states[-1][:, -input_ids.shape[1]:])) if hidden else logits
+
+
+def _decoder_layers(model: PreTrainedModel) -> int:
+    """How many self-attention layers a (decoder-only or encoder-decoder) model's decoder has."""
+    config = model.config
+    for name in ("decoder_layers", "num_decoder_layers"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return int(config.get_text_config(decoder=True).num_hidden_layers)
 
 
 def load_pretrained(auto_class, model: str | Path, *, dtype: torch.dtype | str | None, who: str):

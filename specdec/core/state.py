@@ -27,6 +27,9 @@ from transformers.generation.logits_process import (
 )
 
 
+from .cache import bucket
+
+
 class Committed(NamedTuple):
     """What ``DecodeState.commit`` appended, per active row, on the host."""
 
@@ -75,6 +78,14 @@ class DecodeState:
     target_calls: int = 0
     draft_calls: int = 0
     do_sample: bool = False
+    # Whether a draft loop may end as soon as no row drafts on (a host sync per draft position);
+    # otherwise it runs to its width with stopped rows masked. Set by the decoder per device.
+    draft_early_exit: bool = True
+    # Static shapes (``SpeculativeDecoder(static_cache=True)``): preallocated caches, blocks padded
+    # to power-of-two widths, finished rows kept in the model's batch until it fits a smaller bucket.
+    static_shapes: bool = False
+    # Which models' steps run through torch.compile ("draft", "target"); static shapes only.
+    compile: frozenset = frozenset()
 
     @property
     def batch_size(self) -> int:
@@ -137,7 +148,7 @@ class DecodeState:
         self.rows_host = self.rows_host[keep_host]
         return keep, keep_host
 
-    def committed_since(self, fed_host: torch.Tensor):
+    def committed_since(self, fed_host: torch.Tensor, bucketed: bool = False):
         """The committed tokens a model has not read yet, as one right-aligned ragged block.
 
         ``fed_host[b]`` (CPU) is how many buffer positions of active row b the model's cache
@@ -145,10 +156,13 @@ class DecodeState:
         Returns ``(input_ids [B, W], valid [B, W], positions [B, W])`` with each row's unread tokens
         at the right end, so ``logits[:, -1]`` is every row's next-token distribution; columns to
         their left, and prompt padding, are holes. ``positions`` are the tokens' buffer positions.
-        W is the largest backlog, known on the host without a sync.
+        W is the largest backlog, known on the host without a sync; ``bucketed`` pads it (with holes
+        on the left) to a power of two, so that a static-shape model sees few block widths.
         """
         lengths_host = self.lengths_host[self.rows_host]
         width = int((lengths_host - fed_host).max())
+        if bucketed:
+            width = bucket(width)
         lengths = self.lengths[self.rows]
         fed = fed_host.to(self.device, non_blocking=True)
         index = lengths[:, None] - width + torch.arange(width, device=self.device)[None, :]  # [B, W]

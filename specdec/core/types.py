@@ -46,6 +46,18 @@ class Draft:
         and processors read every column, so an id such as -1 must not reach them)."""
         return attrs.evolve(self, tokens=self.tokens.masked_fill(~self.in_draft(), token))
 
+    def padded_to(self, width: int) -> Draft:
+        """The same draft ``width`` columns wide (static shapes: a verify block of a fixed width);
+        the new columns are padding (``token``-free: zeros, q = 0), outside every row's length."""
+        extra = width - self.width
+        if extra <= 0:
+            return self
+
+        def wider(tensor):
+            return None if tensor is None else torch.cat([tensor, tensor.new_zeros(tensor.shape[0], extra, *tensor.shape[2:])], 1)
+
+        return attrs.evolve(self, tokens=wider(self.tokens), probs=wider(self.probs), token_probs=wider(self.token_probs))
+
     @classmethod
     def empty(cls, batch_size: int, device: torch.device) -> Draft:
         """No drafts at all: the iteration is a plain target step for every row."""

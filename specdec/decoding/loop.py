@@ -12,12 +12,14 @@ from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel
 
 from ..config import SpecdecConfig
 from ..core import hookspecs
+from ..core.cache import bucket
 from ..core.cached_model import CachedModel
 from ..core.components import Drafter, LookaheadPolicy, Observer, Verifier
 from ..core.models import runner_for
 from ..core.state import DecodeState
 from ..core.types import DecodeOutput, Draft, Step
 from ..errors import ConfigError
+from ..observers.phases import PhaseTimes
 from ..observers.stats import StatsObserver
 from ..policies.constant import ConstantLookahead
 from ..verifiers.greedy import GreedyVerifier
@@ -41,6 +43,27 @@ def _observers(instance, attribute, value):
             raise ConfigError(f"observers must be specdec Observer instances, got {type(observer).__name__}")
 
 
+def _optional_bool(instance, attribute, value):
+    if value is not None and not isinstance(value, bool):
+        raise ConfigError(f"{attribute.name} must be True, False or None (decide by device), got {value!r}")
+
+
+def _bool(instance, attribute, value):
+    if not isinstance(value, bool):
+        raise ConfigError(f"{attribute.name} must be True or False, got {value!r}")
+
+
+COMPILE_CHOICES = {"none": frozenset(), "draft": frozenset({"draft"}), "all": frozenset({"draft", "target"})}
+
+
+def _compile_choice(instance, attribute, value):
+    if value not in COMPILE_CHOICES:
+        raise ConfigError(f"compile must be one of {', '.join(map(repr, COMPILE_CHOICES))}, got {value!r}")
+    if value != "none" and not instance.static_cache:
+        raise ConfigError(f"compile={value!r} needs static_cache=True: with a growing cache every step has a new shape "
+                          "and would be compiled again")
+
+
 def _target_model(instance, attribute, value):
     if not isinstance(value, PreTrainedModel) or not hasattr(value, "generate"):
         raise ConfigError(f"target must be a transformers generative model, got {type(value).__name__}")
@@ -62,14 +85,26 @@ class SpeculativeDecoder:
     policy: LookaheadPolicy = attrs.field(factory=ConstantLookahead, validator=_is_a(LookaheadPolicy, "lookahead policy"))
     verifier: Verifier = attrs.field(factory=GreedyVerifier, validator=_is_a(Verifier, "verifier"))
     observers: list[Observer] = attrs.field(factory=list, converter=list, validator=_observers)
+    # End a draft loop once the policy has stopped every row: one host sync per draft position. None
+    # decides by device: yes on a CPU, where a sync costs nothing and the skipped forwards are saved;
+    # no on an accelerator, where stopped rows are masked and the loop runs to its width.
+    draft_early_exit: bool | None = attrs.field(default=None, validator=_optional_bool)
+    # Static shapes: every model's KV cache preallocated (prompt + max_new_tokens + headroom), verify
+    # blocks padded to power-of-two widths, finished rows kept in the models' batch until it fits a
+    # smaller power of two; what torch.compile and CUDA graphs need (core/cache.py).
+    static_cache: bool = attrs.field(default=False, validator=_bool)
+    # torch.compile(dynamic=False) of the models' steps on the static path: "draft" (every draft
+    # model), "all" (the target too) or "none"; CUDA graphs on CUDA (docs/benchmarks.md has the CPU numbers).
+    compile: str = attrs.field(default="none", validator=_compile_choice)
     _hooks: Any = attrs.field(init=False, repr=False)
     _stats: StatsObserver = attrs.field(init=False, repr=False)
     _target: CachedModel = attrs.field(init=False, repr=False)
+    _timers: list[PhaseTimes] | None = attrs.field(default=None, init=False, repr=False)
 
     def __attrs_post_init__(self):
         self.drafter.check_target(self.target)
         self.target.eval()
-        self._target = CachedModel(runner_for(self.target))
+        self._target = CachedModel(runner_for(self.target), role="target")
         self._stats = StatsObserver()
         manager = pluggy.PluginManager(hookspecs.PROJECT)
         manager.add_hookspecs(hookspecs)
@@ -87,6 +122,9 @@ class SpeculativeDecoder:
                 names = ", ".join(impl.plugin_name for impl in answering)
                 raise ConfigError(f"exactly one component must answer {hook} (the {role}); got {len(answering)}: {names}")
         self._hooks = manager.hook
+        # Phase timers get the loop's marks; without one the loop calls nothing extra.
+        timers = [observer for observer in self.observers if isinstance(observer, PhaseTimes)]
+        self._timers = timers or None
 
     @classmethod
     def from_config(cls, config: SpecdecConfig | str | Path, target: PreTrainedModel | None = None,
@@ -98,7 +136,8 @@ class SpeculativeDecoder:
         drafter, policy, verifier, observers = config.build_components(extra_observers)
         if target is None:
             target, _ = config.load_target()
-        return cls(target=target, drafter=drafter, policy=policy, verifier=verifier, observers=observers)
+        return cls(target=target, drafter=drafter, policy=policy, verifier=verifier, observers=observers,
+                   static_cache=config.static_cache, compile=config.compile)
 
     @property
     def main_input_name(self) -> str | None:
@@ -161,6 +200,10 @@ class SpeculativeDecoder:
     def decode(self, state: DecodeState) -> DecodeOutput:
         """Run the loop over a prepared request until every row has finished."""
         hooks = self._hooks
+        early_exit = self.draft_early_exit
+        state.draft_early_exit = state.device.type == "cpu" if early_exit is None else early_exit
+        state.static_shapes = self.static_cache
+        state.compile = COMPILE_CHOICES[self.compile]
         # The encoder runs once per request; drafters that share it read state.encoder_outputs.
         state.encoder_outputs = self._target.runner.begin(encoder_outputs=state.encoder_outputs, **state.model_inputs)
         self._target.begin(state)
@@ -173,13 +216,18 @@ class SpeculativeDecoder:
         return output
 
     def _iterate(self, state: DecodeState) -> None:
-        hooks, target, rows_host = self._hooks, self._target, state.rows_host
+        hooks, target, rows_host, timers = self._hooks, self._target, state.rows_host, self._timers
+        if timers:
+            for timer in timers:
+                timer.start()
 
         # 1. lookahead: the policy's wish, capped so no row drafts past its token budget.
         wish = hooks.specdec_lookahead(state=state)  # [B] CPU
         if wish.shape != (state.active,):
             raise ConfigError(f"{self.policy.plugin_label} returned a lookahead of shape {tuple(wish.shape)}, expected ({state.active},)")
         max_tokens = torch.minimum(wish.clamp(min=0), state.remaining_host() - 1).clamp(min=0)
+        if timers:
+            _mark(timers, "lookahead")
 
         # 2. draft
         if int(max_tokens.max()) > 0:
@@ -187,6 +235,10 @@ class SpeculativeDecoder:
             draft = draft.with_padding(state.pad_token_id)
         else:
             draft = Draft.empty(state.active, state.device)
+        if state.static_shapes:  # a verify block of a power-of-two width: few shapes to compile
+            draft = draft.padded_to(bucket(draft.width))
+        if timers:
+            _mark(timers, "draft")
 
         # 3. verify: ONE target forward over [unread committed tokens, d1 .. dK] for every row.
         wants_hidden = self.drafter.wants_hidden_states
@@ -195,6 +247,8 @@ class SpeculativeDecoder:
         state.target_calls += 1
         scores = state.process(logits.float(), draft.tokens)  # fp32, as model.generate's scores
         verdict = hooks.specdec_verify(state=state, draft=draft, scores=scores)
+        if timers:
+            _mark(timers, "verify")
 
         # 4. commit: accepted drafts, then the verifier's token, with the iteration's one device sync
         #    (the target's confidence is copied to the host before it, so the sync completes it too).
@@ -204,6 +258,8 @@ class SpeculativeDecoder:
         committed = state.commit(appended, verdict.accepted, draft.lengths)
         hidden_positions = None if hidden is None else target.read_positions(state)
         target.keep(state, rows_host, verdict.accepted, committed.accepted)
+        if timers:
+            _mark(timers, "commit")
 
         # 5. observe
         hooks.specdec_on_step(state=state, step=Step(
@@ -219,6 +275,8 @@ class SpeculativeDecoder:
         if kept is not None and state.active:
             target.select_rows(state, kept[0])
             hooks.specdec_select_rows(state=state, keep=kept[0], keep_host=kept[1])
+        if timers:
+            _mark(timers, "bookkeeping")
 
     def _keep_drafting(self, state):
         hook = self._hooks.specdec_continue_drafting
@@ -227,3 +285,8 @@ class SpeculativeDecoder:
             return hook(state=state, position=position, tokens=tokens, token_probs=token_probs, probs=probs)
 
         return keep_drafting
+
+
+def _mark(timers: list[PhaseTimes], phase: str) -> None:
+    for timer in timers:
+        timer.mark(phase)

@@ -34,6 +34,7 @@ DEFAULT_PLUGINS = (
     "specdec.verifiers.greedy",
     "specdec.verifiers.rejection",
     "specdec.observers.stats",
+    "specdec.observers.phases",
     "specdec.observers.progress",
     "specdec.observers.trace",
 )

@@ -398,9 +398,10 @@ class Calibration:
 
     def add(self, predicted: torch.Tensor, accepted: torch.Tensor, seen: torch.Tensor) -> None:
         """``accepted`` / ``seen`` (bool, shape of ``predicted``): was the position accepted / looked at."""
-        index = self.bins(predicted)[seen]
-        self.accepted.index_add_(0, index, accepted[seen].float())
-        self.seen.index_add_(0, index, torch.ones_like(index, dtype=torch.float32))
+        # Weights, not boolean indexing: a boolean index is a nonzero(), a device sync.
+        index = self.bins(predicted).flatten()
+        self.accepted.index_add_(0, index, (accepted & seen).flatten().float())
+        self.seen.index_add_(0, index, seen.flatten().float())
 
 
 @attrs.define(eq=False)

@@ -1,0 +1,141 @@
+"""The hot path: stopped rows masked on the device instead of a host sync per draft position, exact
+on the CPU, and (on a GPU) one device sync per iteration in all."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec import ConfigError, SpeculativeDecoder
+from specdec.core.state import DecodeState
+from specdec.drafters import ModelDrafter
+from specdec.observers import PhaseTimes
+from specdec.plugins import get_registry
+from specdec.policies import DraftConfidenceLookahead
+from specdec.verifiers import GreedyVerifier
+
+from .conftest import Recorder, drafts_and_budgets, left_padded, perturbed_copy, tiny_llama
+
+VOCAB = 32
+PROMPTS = [[1, 2, 3, 1, 2], [4, 5], [6, 7, 8, 9, 10, 11, 6, 7], [12]]  # ragged, left-padded
+NEW_TOKENS = 16
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama(20, vocab=VOCAB, layers=2, dtype=torch.float64, init=0.3)
+
+
+@pytest.fixture(scope="module")
+def draft_model(target):
+    return perturbed_copy(target, 0.1)
+
+
+def decode(target, draft_model, policy, early_exit, device="cpu"):
+    recorder = Recorder()
+    decoder = SpeculativeDecoder(target=target, drafter=ModelDrafter(draft_model), policy=policy,
+                                 verifier=GreedyVerifier(), observers=[recorder], draft_early_exit=early_exit)
+    input_ids, mask = left_padded(PROMPTS)
+    out = decoder.generate(input_ids.to(device), attention_mask=mask.to(device), max_new_tokens=NEW_TOKENS)
+    return out, recorder.steps
+
+
+class TestDraftMask:
+    """Rows a policy stops are masked on the device; the loop need not end early to be exact."""
+
+    @pytest.mark.parametrize("threshold", [0.3, "auto"])
+    def test_masked_rows_stay_exact_on_a_ragged_batch(self, target, draft_model, threshold):
+        max_tokens = 6
+        input_ids, mask = left_padded(PROMPTS)
+        expected = target.generate(input_ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False)
+        out, steps = decode(target, draft_model, DraftConfidenceLookahead(threshold=threshold, max_tokens=max_tokens), False)
+        assert torch.equal(out.sequences, expected)
+        assert 0 < out.stats.accepted < out.stats.drafted
+        stopped = sum(int(step.drafted_host[b]) < allowed for step, b, allowed in drafts_and_budgets(steps, max_tokens, NEW_TOKENS))
+        assert stopped > 0, "no row was stopped by the policy: the mask path was not exercised"
+        # The loop ran past the point where every row had stopped: the draft is wider than any row's
+        # draft (with an early exit the width would equal the longest).
+        assert any(step.draft.width > int(step.drafted_host.max()) for step in steps)
+
+    def test_early_exit_ends_the_draft_at_the_longest_row(self, target, draft_model):
+        policy = DraftConfidenceLookahead(threshold=0.3, max_tokens=6)
+        masked, _ = decode(target, draft_model, policy, False)
+        out, steps = decode(target, draft_model, DraftConfidenceLookahead(threshold=0.3, max_tokens=6), True)
+        assert torch.equal(out.sequences, masked.sequences)
+        assert all(step.draft.width == int(step.drafted_host.max()) for step in steps if step.draft.width)
+        assert out.stats.draft_calls < masked.stats.draft_calls
+
+    def test_early_exit_is_decided_by_device_by_default(self, target, draft_model):
+        decoder = SpeculativeDecoder(target=target, drafter=ModelDrafter(draft_model))
+        input_ids, mask = left_padded(PROMPTS)
+        state = decoder.prepare(input_ids, mask, max_new_tokens=2)
+        decoder.decode(state)
+        assert state.draft_early_exit is True  # a CPU: the sync is free
+
+    def test_a_bad_value_is_a_config_error(self, target, draft_model):
+        with pytest.raises(ConfigError, match="draft_early_exit"):
+            SpeculativeDecoder(target=target, drafter=ModelDrafter(draft_model), draft_early_exit="yes")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (torch.cuda.set_sync_debug_mode)")
+class TestOneSyncPerIteration:
+    """On a GPU every phase but the commit runs without a device sync (sync debug mode 'error')."""
+
+    def test_an_iteration_syncs_only_in_the_commit(self, target, draft_model, monkeypatch):
+        device = torch.device("cuda")
+        gpu_target = tiny_llama(20, vocab=VOCAB, layers=2, dtype=torch.float32, init=0.3).to(device)
+        gpu_draft = perturbed_copy(tiny_llama(20, vocab=VOCAB, layers=2, dtype=torch.float32, init=0.3), 0.1).to(device)
+        decoder = SpeculativeDecoder(target=gpu_target, drafter=ModelDrafter(gpu_draft),
+                                     policy=DraftConfidenceLookahead(threshold=0.3, max_tokens=6), verifier=GreedyVerifier())
+        input_ids, mask = left_padded(PROMPTS)
+        input_ids, mask = input_ids.to(device), mask.to(device)
+        decoder.generate(input_ids, attention_mask=mask, max_new_tokens=NEW_TOKENS)  # warm-up (lazy inits)
+
+        commits = []
+        commit = DecodeState.commit
+
+        def commit_allowed_to_sync(self, *args):
+            # The iteration's one sync: allowed here and nowhere else.
+            commits.append(1)
+            torch.cuda.set_sync_debug_mode("default")
+            try:
+                return commit(self, *args)
+            finally:
+                torch.cuda.set_sync_debug_mode("error")
+
+        monkeypatch.setattr(DecodeState, "commit", commit_allowed_to_sync)
+        state = decoder.prepare(input_ids, mask, max_new_tokens=NEW_TOKENS)  # checks the request: syncs allowed
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            out = decoder.decode(state)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        assert state.draft_early_exit is False
+        assert len(commits) == out.stats.iterations
+        expected = gpu_target.generate(input_ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False)
+        assert torch.equal(out.sequences, expected)
+
+
+class TestPhaseTimes:
+    """The ``phases`` observer: the loop marks its five phases, once per iteration, only when asked."""
+
+    def test_every_iteration_marks_every_phase(self, target, draft_model):
+        timer = PhaseTimes()
+        decoder = SpeculativeDecoder(target=target, drafter=ModelDrafter(draft_model), observers=[timer])
+        input_ids, mask = left_padded(PROMPTS)
+        out = decoder.generate(input_ids, attention_mask=mask, max_new_tokens=NEW_TOKENS)
+        assert timer.iterations == out.stats.iterations > 0
+        assert set(timer.seconds) == {"lookahead", "draft", "verify", "commit", "bookkeeping"}
+        per_iteration = timer.per_iteration_ms()
+        assert all(value >= 0 for value in per_iteration.values())
+        assert per_iteration["total"] == pytest.approx(sum(v for k, v in per_iteration.items() if k != "total"))
+        # The phases partition the loop's time: together no longer than the call.
+        assert sum(timer.seconds.values()) <= out.stats.wall_time_s
+        timer.reset()
+        assert timer.iterations == 0 and sum(timer.seconds.values()) == 0
+
+    def test_is_a_registered_observer_and_costs_nothing_when_absent(self, target, draft_model):
+        assert isinstance(get_registry().create("observer", "phases", {"sync": True}), PhaseTimes)
+        decoder = SpeculativeDecoder(target=target, drafter=ModelDrafter(draft_model))
+        assert decoder._timers is None
