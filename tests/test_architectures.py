@@ -1,9 +1,12 @@
 """One tiny model per architecture family (tests/architectures.py): it builds, transformers'
 generate runs on it, and specdec's greedy output equals generate's token for token.
 
-A family specdec cannot decode exactly must be refused before decoding, with an error that names
-the architecture and the reason (the sweep, benchmarks/check_architectures.py and
-docs/architectures.md, covers every architecture).
+Families whose cache cannot hold the holes of rejected drafts are re-read whole at every forward
+(``RereadingRunner``), which is exact too. Where transformers' own generate gives a row of a batch
+another output than the row alone, there is no one output to match: specdec refuses that request
+as a target (with the architecture and the reason), and these tests prove that generate disagrees
+with itself there. The sweep (benchmarks/check_architectures.py, docs/architectures.md) covers
+every architecture.
 """
 
 from __future__ import annotations
@@ -13,18 +16,22 @@ import functools
 import pytest
 import torch
 
-from specdec import ConfigError, SpeculativeDecoder
+from specdec import ConfigError, InputError, SpeculativeDecoder
+from specdec.core.models import CausalLMRunner, RereadingRunner, runner_for
 from specdec.drafters import ModelDrafter, NGramDrafter
+from specdec.errors import RereadWarning
 from specdec.policies import ConstantLookahead, HeuristicLookahead
 
-from .architectures import FAMILIES, VOCAB, ragged_batch, tiny_family_model
+from .architectures import FAMILIES, VOCAB, ragged_batch, tiny_family_model, tiny_model
 
 NEW_TOKENS = 24
 
-# family -> why specdec refuses it before decoding (specdec.core.models.REFUSED_ARCHITECTURES).
-REFUSED: dict[str, str] = {
-    "local": "local-attention layers apply their window through a fixed buffer indexed by cache slot",
-}
+# Families without a cache that can hold holes: runner_for gives them a RereadingRunner.
+REREAD = {"local", "cache_positions", "own_state", "prefix_padding", "appended_token"}
+# Architectures on which transformers' generate gives a padded (git) or batched (rwkv) row another
+# output than the row alone -> the words specdec's refusal uses for that request.
+GENERATE_DISAGREES = {"git": "on left-padded prompts: its generate widens the attention mask",
+                      "rwkv": "on a batch of more than one row: its one-token steps add a \\[B, H\\] state"}
 
 CASES = {"batch3": None, "batch1": 2}  # the ragged batch, and its longest prompt alone
 
@@ -35,6 +42,12 @@ def _inputs(case: str):
     row = CASES[case]
     if row is None:
         return ids, mask
+    keep = mask[row].bool()
+    return ids[row, keep][None], mask[row, keep][None]
+
+
+def _row_alone(row: int):
+    ids, mask = ragged_batch()
     keep = mask[row].bool()
     return ids[row, keep][None], mask[row, keep][None]
 
@@ -63,28 +76,29 @@ def test_family_builds_and_generates(family):
     assert torch.isfinite(logits).all()
 
 
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_families_without_a_cache_for_holes_are_reread_and_say_so(family, recwarn):
+    runner = runner_for(tiny_family_model(family))
+    rereads = [w for w in recwarn if issubclass(w.category, RereadWarning)]
+    if family in REREAD:
+        assert isinstance(runner, RereadingRunner)
+        assert f"({FAMILIES[family]}) cannot keep rejected drafts as holes" in str(rereads[0].message)
+        assert "pays only for short sequences" in str(rereads[0].message)
+    else:
+        assert isinstance(runner, CausalLMRunner) and not rereads
+
+
+def test_a_reread_model_is_not_run_with_a_cache_by_mistake():
+    with pytest.raises(ConfigError, match=r"\(gpt_neo\) cannot keep a cache with holes: .*slot.*RereadingRunner"):
+        CausalLMRunner(tiny_family_model("local"))
+
+
 def _exactness_params():
     for family in FAMILIES:
-        if family in REFUSED:
-            continue
         for drafter in ("model", "ngram"):
             for policy in ("constant", "heuristic"):
                 for case in CASES:
                     yield pytest.param(family, drafter, policy, case, id=f"{family}-{drafter}-{policy}-{case}")
-
-
-@pytest.mark.parametrize("family", list(REFUSED))
-@pytest.mark.parametrize("role", ["target", "draft"])
-def test_family_refused_before_decoding(family, role):
-    """As target or as draft, the model is refused at construction, naming the architecture and the reason."""
-    model = tiny_family_model(family)
-    other = tiny_family_model("full")
-    target, draft = (model, other) if role == "target" else (other, model)
-    with pytest.raises(ConfigError, match=f"\\({FAMILIES[family]}\\) cannot be decoded exactly by specdec: .*"
-                                          f"{REFUSED[family]}"):
-        decoder = SpeculativeDecoder(target=target, drafter=ModelDrafter(draft))
-        ids, mask = _inputs("batch1")
-        decoder.generate(ids, attention_mask=mask, max_new_tokens=2)
 
 
 @pytest.mark.parametrize("family, drafter, policy, case", list(_exactness_params()))
@@ -96,3 +110,47 @@ def test_family_exact(family, drafter, policy, case):
     decoder = SpeculativeDecoder(target=target, drafter=drafter_, policy=policy_)
     out = decoder.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS)
     assert torch.equal(out.sequences, _reference(family, case))
+
+
+@pytest.mark.parametrize("arch", list(GENERATE_DISAGREES))
+def test_where_generate_disagrees_with_itself_the_request_is_refused(arch):
+    """generate gives a row of the ragged batch another output than the row alone (so no output is
+    *the* output); specdec refuses that batch as a target, naming the architecture and the reason,
+    and is exact on every row alone."""
+    target, draft = tiny_model(arch), tiny_model(arch, draft=True)
+    ids, mask = ragged_batch()
+    with torch.no_grad():
+        batch = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW_TOKENS)
+        alone = []
+        for r in range(3):
+            row_ids, row_mask = _row_alone(r)
+            alone.append(target.generate(row_ids, attention_mask=row_mask, do_sample=False, max_new_tokens=NEW_TOKENS))
+    assert any(not torch.equal(batch[r, -NEW_TOKENS:], alone[r][0, -NEW_TOKENS:]) for r in range(3))
+    decoder = SpeculativeDecoder(target=target, drafter=ModelDrafter(draft), policy=ConstantLookahead(k=4))
+    with pytest.raises(InputError, match=f"\\({arch}\\) cannot be decoded exactly by specdec {GENERATE_DISAGREES[arch]}"):
+        decoder.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS)
+    for r in range(3):
+        row_ids, row_mask = _row_alone(r)
+        out = decoder.generate(row_ids, attention_mask=row_mask, max_new_tokens=NEW_TOKENS)
+        assert torch.equal(out.sequences, alone[r])
+
+
+@pytest.mark.parametrize("arch", list(GENERATE_DISAGREES))
+def test_a_draft_model_is_not_refused_where_its_generate_disagrees(arch):
+    """Drafts change only the speed: the same model drafts for a full-attention target on the padded batch."""
+    target = tiny_family_model("full")
+    ids, mask = ragged_batch()
+    decoder = SpeculativeDecoder(target=target, drafter=ModelDrafter(tiny_model(arch)), policy=ConstantLookahead(k=3))
+    out = decoder.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS)
+    assert torch.equal(out.sequences, _reference("full", "batch3"))
+
+
+def test_a_refused_architecture_is_refused_before_decoding_as_target_or_draft(monkeypatch):
+    """No architecture is refused today; the mechanism stays for one that cannot be made exact."""
+    from specdec.core import models
+
+    monkeypatch.setitem(models.REFUSED_ARCHITECTURES, "gpt_neo", "a reason of the sweep")
+    local, full = tiny_family_model("local"), tiny_family_model("full")
+    for target, draft in ((local, full), (full, local)):
+        with pytest.raises(ConfigError, match=r"\(gpt_neo\) cannot be decoded exactly by specdec: a reason of the sweep"):
+            SpeculativeDecoder(target=target, drafter=ModelDrafter(draft))

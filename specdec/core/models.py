@@ -9,6 +9,7 @@ than tokens (an encoder-decoder runner encodes here, once per request).
 from __future__ import annotations
 
 import inspect
+import warnings
 from pathlib import Path
 
 import torch
@@ -16,7 +17,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoModelForSpeechSeq2Seq, Dynam
 from transformers.modeling_outputs import BaseModelOutput
 from transformers.utils import ModelOutput
 
-from ..errors import ConfigError, InputError
+from ..errors import ConfigError, InputError, RereadWarning
 from .cache import SlotCache
 from .masks import AttentionLayout
 from .recurrent import config_cache
@@ -24,41 +25,80 @@ from .recurrent import config_cache
 
 _POSITIONS_FROM_CACHE = (
     "it derives its position ids from the cache length (past_key_values_length) instead of taking "
-    "position_ids, so the holes that rejected drafts leave in the cache would shift every later position"
+    "position_ids, so the holes that rejected drafts leave in a cache would shift every later position"
 )
-_NOT_ISOLATED = (
-    "its output differs from generate after rejected drafts (benchmarks/check_architectures.py) and the "
-    "cause is not isolated yet"
-)
-# Architectures that cannot be decoded exactly, and why (docs/architectures.md has the sweep).
-REFUSED_ARCHITECTURES = {
+# Architectures whose cache cannot hold the holes of rejected drafts, and why. runner_for gives
+# them a RereadingRunner: no cache, every forward reads each row's whole sequence as generate
+# prepares it (exact, and slow for long sequences: see docs/design.md).
+REREAD_ARCHITECTURES = {
     "gpt_neo": "its local-attention layers apply their window through a fixed buffer indexed by cache slot "
                "(GPTNeoSelfAttention.bias), which the holes of rejected drafts shift",
-    "git": _POSITIONS_FROM_CACHE,
-    "cpmant": _POSITIONS_FROM_CACHE,
+    "git": "with a cache it widens the attention mask by its image tokens (even without an image), so the mask "
+           "no longer lines up with the cache's slots and the holes of rejected drafts show",
+    "cpmant": "it is fed the whole sequence at every step and cuts the cached prefix off by the cache length, and "
+              "counts its padding from the pad ids of the whole sequence, so holes would misalign both",
     "roformer": _POSITIONS_FROM_CACHE,
     "trocr": _POSITIONS_FROM_CACHE,
-    "openai-gpt": "it has no KV cache, so there is no cache to keep the accepted prefix in",
-    "xlm": "it keeps its keys and values in a cache dict of its own, not a transformers Cache",
-    "rwkv": "it keeps its recurrent state in a state tuple outside transformers' cache classes, which "
-            "specdec cannot checkpoint and rewind",
-    "recurrent_gemma": "it keeps its recurrent and attention states inside its layers, not in a transformers "
-                       "Cache that specdec can checkpoint and rewind",
+    "openai-gpt": "it has no KV cache",
+    "xlm": "it keeps no cache in generate and reads each next token from a mask token appended to the sequence",
+    "rwkv": "it keeps its recurrent state in a state tuple outside transformers' cache classes",
+    "recurrent_gemma": "it keeps its recurrent and attention states inside its layers, not in a transformers Cache",
     "minimax": "its lightning-attention state lives in a cache class of its own that refuses DynamicCache",
     "deepseek_v4": "its compressed-attention cache layers keep per-slot compression state that cannot hold holes",
-    "moshi": "its attention applies the sliding window only through generate's sliding-window cache, which "
-             "evicts old slots (the prompt is read with full attention, every later token through the window), "
-             "while its mask is full; specdec's cache keeps every slot",
-    "inkling_text": _NOT_ISOLATED,
+    "inkling_text": "its relative position bias and log scaling count cache slots (InklingAttention: arange over "
+                    "the cache's mask sizes), not position ids, so holes would shift them",
 }
+# Architectures that cannot be decoded exactly at all, and why (docs/architectures.md has the sweep).
+REFUSED_ARCHITECTURES: dict[str, str] = {}
+# Requests on which transformers' own generate gives a row another output than the same row alone,
+# so there is no one output to match (tests/test_architectures.py proves each): model type -> (the
+# request refused, why).
+_GENERATE_DIFFERS = {
+    "git": ("padded", "its generate widens the attention mask by the image tokens even without "
+            "an image (modeling_git.py), which unmasks the prompt padding for every generated token"),
+    "rwkv": ("batched", "its one-token steps add a [B, H] state to [B, 1, H] hidden states "
+             "(RwkvSelfAttention.extract_key_value), which broadcasts every row against every other once B > 1"),
+}
+
+
+# Models whose logits at a position depend on tokens after it, so that each scored position needs a
+# forward over its own prefix, as generate reads it: model type -> why.
+_READ_EACH_PREFIX = {
+    "cpmant": "it hides as padding the leftmost columns of the sequence, as many as it holds pad ids "
+              "(CpmAntModel._prepare_attention_mask), so a later pad id moves what every earlier column sees",
+}
+
+
+def _text_model_type(model: PreTrainedModel) -> str:
+    return model.config.get_text_config(decoder=True).model_type
 
 
 def check_architecture(model: PreTrainedModel) -> None:
     """Refuse, before decoding, a model specdec cannot decode exactly, naming it and the reason."""
-    model_type = model.config.get_text_config(decoder=True).model_type
+    model_type = _text_model_type(model)
     reason = REFUSED_ARCHITECTURES.get(model_type) or REFUSED_ARCHITECTURES.get(model.config.model_type)
     if reason:
         raise ConfigError(f"{type(model).__name__} ({model_type}) cannot be decoded exactly by specdec: {reason}")
+
+
+def check_generate_agrees(model: PreTrainedModel, batch_size: int, padded: bool) -> None:
+    """Refuse, as a target, a request on which transformers' own generate gives a row another output
+    than the same row alone (``_GENERATE_DIFFERS``): there is no one output to match. A draft model
+    is never refused for it: its drafts only change the speed."""
+    model_type = _text_model_type(model)
+    kind, why = _GENERATE_DIFFERS.get(model_type, (None, None))
+    request = {"padded": "left-padded prompts" if padded else None,
+               "batched": "a batch of more than one row" if batch_size > 1 else None}.get(kind)
+    if request:
+        raise InputError(
+            f"{type(model).__name__} ({model_type}) cannot be decoded exactly by specdec on {request}: {why}, "
+            "so there is no one output to match; decode its rows one at a time"
+        )
+
+
+def reread_reason(model: PreTrainedModel) -> str | None:
+    """Why ``model``'s cache cannot hold holes (it is then re-read every forward), or None."""
+    return REREAD_ARCHITECTURES.get(_text_model_type(model)) or REREAD_ARCHITECTURES.get(model.config.model_type)
 
 
 def _accepts(model: PreTrainedModel, argument: str) -> bool:
@@ -126,8 +166,13 @@ class CausalLMRunner:
     once, exactly as an encoder-decoder model's does.
     """
 
+    rereads = False  # reads only what its cache has not seen (see RereadingRunner)
+
     def __init__(self, model: PreTrainedModel):
         check_architecture(model)
+        if reason := reread_reason(model):
+            raise ConfigError(f"{type(model).__name__} ({_text_model_type(model)}) cannot keep a cache with holes: "
+                              f"{reason}; runner_for(model) gives it a RereadingRunner")
         self.model = model
         self._logits_to_keep = _accepts(model, "logits_to_keep")
         # WhisperForCausalLM takes encoder_outputs; BERT/GPT-2-style LMs take encoder_hidden_states,
@@ -208,7 +253,8 @@ class CausalLMRunner:
     def _forward(self, slots: SlotCache, input_ids, valid, logits_to_keep: int, inputs_embeds=None, hidden=False):
         attention_mask, position_ids = slots.extend(valid)
         if self.layout.counts_positions:
-            attention_mask = self.layout.masks(slots.slot_mask, slots.positions, position_ids, self.model.dtype)
+            attention_mask = self.layout.masks(slots.slot_mask, slots.positions, position_ids, self.model.dtype,
+                                               slots.prompt_lengths)
         elif not slots.attends:
             attention_mask = valid.long()
         kwargs = {}
@@ -229,6 +275,104 @@ class CausalLMRunner:
         return (logits, out.hidden_states[-1][:, -input_ids.shape[1]:]) if hidden else logits
 
 
+class RereadingRunner:
+    """Runs a decoder-only LM whose cache cannot hold holes (``REREAD_ARCHITECTURES``) without a cache.
+
+    Every forward reads whole sequences: ``CachedModel`` hands it each row's committed tokens
+    (the prompt's left padding and attention mask exactly as ``generate`` saw them) followed by the
+    round's speculative tokens, rows of one length at a time, so there is no padding but the
+    prompt's own. The model's inputs are built by its own ``prepare_inputs_for_generation`` with
+    ``use_cache=False``, and position ids, where the model takes them, exactly as ``generate``
+    makes them from the attention mask. Every token then has the position and the context it has
+    in ``generate``, whatever the model derives positions from. A model whose generate appends a
+    token to read the next one (XLM's mask token) gets one forward per scored position.
+
+    Exact, and costly: each verification (and each draft step of a draft model) re-reads the
+    whole sequence, so speculation pays only for short sequences (docs/design.md).
+    """
+
+    rereads = True
+
+    def __init__(self, model: PreTrainedModel):
+        check_architecture(model)
+        self.model = model
+        self.reason = reread_reason(model) or "it was asked to re-read"
+        self._positions = _accepts(model, "position_ids")
+        self._logits_to_keep = _accepts(model, "logits_to_keep")
+        probe = torch.ones(1, 1, dtype=torch.long, device=model.device)
+        prepared = model.prepare_inputs_for_generation(probe, attention_mask=probe, use_cache=False)
+        # XLM-style: the next token is read from a token the model appends (its mask token), so
+        # each scored position needs a forward of its own, as do models in _READ_EACH_PREFIX.
+        self._appends = prepared["input_ids"].shape[1] > probe.shape[1]
+        self._each_prefix = self._appends or _text_model_type(model) in _READ_EACH_PREFIX
+        self._encoder_argument = "encoder_hidden_states" if (
+            _accepts(model, "encoder_hidden_states") and getattr(model.config, "add_cross_attention", False)) else None
+        self.encoder_outputs: ModelOutput | None = None
+        warnings.warn(
+            f"{type(model).__name__} ({_text_model_type(model)}) cannot keep rejected drafts as holes in a cache "
+            f"({self.reason}): specdec re-reads every row's whole sequence at each forward. The output is "
+            "exact; speculation pays only for short sequences.", RereadWarning, stacklevel=2,
+        )
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
+    def cross_attends(self) -> bool:
+        return self._encoder_argument is not None
+
+    def new_cache(self, batch_size: int) -> None:
+        return None
+
+    def begin(self, encoder_outputs=None, **model_inputs) -> ModelOutput | None:
+        self.encoder_outputs = None
+        if encoder_outputs is not None:
+            if not self.cross_attends:
+                raise ConfigError(f"{type(self.model).__name__} has no cross-attention: it cannot read an encoder output")
+            self.encoder_outputs = as_encoder_outputs(encoder_outputs)
+        return self.encoder_outputs
+
+    def select_rows(self, index: torch.Tensor) -> None:
+        if self.encoder_outputs is not None:
+            self.encoder_outputs = select_encoder_rows(self.encoder_outputs, index)
+
+    @torch.no_grad()
+    def read_sequences(
+        self,
+        input_ids: torch.Tensor,  # [g, T]: whole sequences of one length
+        attention_mask: torch.Tensor,  # [g, T] long
+        logits_to_keep: int,
+        rows: torch.Tensor | None = None,  # [g] the active rows these are (for the encoder output)
+        hidden: bool = False,
+    ):  # logits [g, logits_to_keep, V] of the last columns, or (logits, last hidden states [g, T, H])
+        if self._each_prefix:
+            if hidden:
+                raise ConfigError(f"{type(self.model).__name__} is read one prefix per scored position: "
+                                  "it has no hidden state per position to hand a drafter")
+            length = input_ids.shape[1]
+            parts = [self._forward(input_ids[:, :end], attention_mask[:, :end], 1, rows, False).logits[:, -1:]
+                     for end in range(length - logits_to_keep + 1, length + 1)]
+            return torch.cat(parts, dim=1)
+        out = self._forward(input_ids, attention_mask, logits_to_keep, rows, hidden)
+        logits = out.logits[:, -logits_to_keep:]
+        return (logits, out.hidden_states[-1]) if hidden else logits
+
+    def _forward(self, input_ids, attention_mask, logits_to_keep, rows, hidden):
+        kwargs = {"attention_mask": attention_mask, "use_cache": False}
+        if self._positions:  # as generate makes them (_prepare_position_ids_for_generation)
+            kwargs["position_ids"] = (attention_mask.cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)
+        inputs = self.model.prepare_inputs_for_generation(input_ids, is_first_iteration=True, **kwargs)
+        if self._logits_to_keep and not self._appends:
+            inputs["logits_to_keep"] = logits_to_keep
+        if self.encoder_outputs is not None:
+            encoded = self.encoder_outputs.last_hidden_state
+            inputs[self._encoder_argument] = encoded if rows is None else encoded[rows]
+        if hidden:
+            inputs["output_hidden_states"] = True
+        return self.model(**inputs)
+
+
 class Seq2SeqRunner:
     """Runs an encoder-decoder model (``WhisperForConditionalGeneration``, ...) on ragged decoder blocks.
 
@@ -239,6 +383,7 @@ class Seq2SeqRunner:
     valid slots, so the model must accept both.
     """
 
+    rereads = False
     REQUIRED = ("encoder_outputs", "decoder_input_ids", "decoder_attention_mask", "decoder_position_ids")
 
     def __init__(self, model: PreTrainedModel):
@@ -340,8 +485,12 @@ def load_seq2seq(model: str | Path, *, dtype, who: str):
             raise speech_error from None
 
 
-def runner_for(model: PreTrainedModel) -> CausalLMRunner | Seq2SeqRunner:
-    """The runner that calls ``model``: encoder-decoder models get a ``Seq2SeqRunner``."""
+def runner_for(model: PreTrainedModel) -> CausalLMRunner | RereadingRunner | Seq2SeqRunner:
+    """The runner that calls ``model``: encoder-decoder models get a ``Seq2SeqRunner``, decoder-only
+    models whose cache cannot hold holes a ``RereadingRunner``, the others a ``CausalLMRunner``."""
     if model.config.is_encoder_decoder:
         return Seq2SeqRunner(model)
+    check_architecture(model)
+    if reread_reason(model):
+        return RereadingRunner(model)
     return CausalLMRunner(model)
