@@ -36,7 +36,7 @@ FAMILIES: dict[str, str] = {
     "local": "gpt_neo",  # local windows through a slot-indexed buffer: re-read whole, no cache
     "cache_positions": "roformer",  # positions from the cache length: re-read whole, no cache
     "own_state": "recurrent_gemma",  # recurrent and attention states inside its layers: re-read whole
-    "prefix_padding": "cpmant",  # padding counted from the pad ids of the whole sequence: one read per prefix
+    "bidirectional": "cpmant",  # attention bidirectional within a forward: replayed row by row as generate reads
     "appended_token": "xlm",  # generate reads each next token from an appended mask token, without a cache
     "evicted_window": "moshi",  # a window only generate's evicting cache applies: full over the prompt
     "alibi": "bloom",  # ALiBi position biases, no position ids

@@ -27,7 +27,7 @@ from .architectures import FAMILIES, VOCAB, ragged_batch, tiny_family_model, tin
 NEW_TOKENS = 24
 
 # Families without a cache that can hold holes: runner_for gives them a RereadingRunner.
-REREAD = {"local", "cache_positions", "own_state", "prefix_padding", "appended_token"}
+REREAD = {"local", "cache_positions", "own_state", "bidirectional", "appended_token"}
 # Architectures on which transformers' generate gives a padded (git) or batched (rwkv) row another
 # output than the row alone -> the words specdec's refusal uses for that request.
 GENERATE_DISAGREES = {"git": "on left-padded prompts: its generate widens the attention mask",
@@ -154,3 +154,37 @@ def test_a_refused_architecture_is_refused_before_decoding_as_target_or_draft(mo
     for target, draft in ((local, full), (full, local)):
         with pytest.raises(ConfigError, match=r"\(gpt_neo\) cannot be decoded exactly by specdec: a reason of the sweep"):
             SpeculativeDecoder(target=target, drafter=ModelDrafter(draft))
+
+
+@pytest.mark.parametrize("family", ["bidirectional", "appended_token", "evicted_window", "local"])
+def test_the_scores_are_generates_own_logits(family):
+    """Tokens of tiny random models can agree by luck: every score the verifier sees equals generate's
+    logits for the same position (CPM-Ant read in one forward per sequence, say, gets the tokens
+    right and these logits wrong by several units)."""
+    from specdec.verifiers import GreedyVerifier
+
+    seen = []
+
+    class Recording(GreedyVerifier):
+        def verify(self, state, draft, scores):
+            verdict = super().verify(state, draft, scores)
+            seen.append((int(state.lengths_host[state.rows_host][0]), scores[0].clone(), int(verdict.accepted[0])))
+            return verdict
+
+    target = tiny_family_model(family)
+    ids, mask = _inputs("batch1")
+    with torch.no_grad():
+        reference = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW_TOKENS,
+                                    output_logits=True, return_dict_in_generate=True)
+    decoder = SpeculativeDecoder(target=target, drafter=ModelDrafter(tiny_family_model(family, draft=True)),
+                                 policy=ConstantLookahead(k=4), verifier=Recording())
+    out = decoder.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS)
+    assert torch.equal(out.sequences, reference.sequences)
+    compared = 0
+    for length, scores, accepted in seen:
+        for j in range(accepted + 1):  # the positions that lie on the final sequence
+            step = length - ids.shape[1] + j
+            if step < NEW_TOKENS:
+                assert (scores[j] - reference.logits[step][0]).abs().max() < 1e-5
+                compared += 1
+    assert compared >= NEW_TOKENS

@@ -152,7 +152,11 @@ class CachedModel:
             ahead = torch.cat([committed[:, -1:], spec[group]], dim=1)
             last = ahead.gather(1, spec_valid[group].sum(1, keepdim=True))
             sequences = torch.cat([committed, torch.where(spec_valid[group], spec[group], last)], dim=1)
-            out = self.runner.read_sequences(sequences, mask, logits_to_keep, rows=group, hidden=hidden)
+            # A replayed row's cache still holds what it read before this read and still stands.
+            before = self.fed_host[state.rows_host[group_host]] if read == speculative else \
+                lengths_host[group_host] + read - speculative
+            replay = (state.rows_host[group_host].tolist(), before.tolist(), state.prompt_width)
+            out = self.runner.read_sequences(sequences, mask, logits_to_keep, rows=group, hidden=hidden, replay=replay)
             if hidden:
                 out, states = out
                 at = positions[group].clamp(0, sequences.shape[1] - 1)  # hole columns: any legal index

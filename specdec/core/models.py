@@ -61,11 +61,12 @@ _GENERATE_DIFFERS = {
 }
 
 
-# Models whose logits at a position depend on tokens after it, so that each scored position needs a
-# forward over its own prefix, as generate reads it: model type -> why.
-_READ_EACH_PREFIX = {
-    "cpmant": "it hides as padding the leftmost columns of the sequence, as many as it holds pad ids "
-              "(CpmAntModel._prepare_attention_mask), so a later pad id moves what every earlier column sees",
+# Models whose tokens attend to later tokens of the same forward, so that generate's output depends on
+# what it reads together (the prompt at once, then each token alone): the runner replays exactly
+# that, row by row, with a cache it crops back to the kept tokens. Model type -> why.
+_REPLAY_STEPS = {
+    "cpmant": "its attention is bidirectional within a forward (CpmAntModel._prepare_attention_mask sets "
+              "context = 1 for every token)",
 }
 
 
@@ -285,7 +286,10 @@ class RereadingRunner:
     ``use_cache=False``, and position ids, where the model takes them, exactly as ``generate``
     makes them from the attention mask. Every token then has the position and the context it has
     in ``generate``, whatever the model derives positions from. A model whose generate appends a
-    token to read the next one (XLM's mask token) gets one forward per scored position.
+    token to read the next one (XLM's mask token) gets one forward per scored position. A model
+    whose tokens attend to later tokens of the same forward (``_REPLAY_STEPS``: CPM-Ant) is
+    replayed as generate reads it, row by row: the prompt at once, then one token per forward,
+    over a cache of the row's own that is cropped back to its kept tokens.
 
     Exact, and costly: each verification (and each draft step of a draft model) re-reads the
     whole sequence, so speculation pays only for short sequences (docs/design.md).
@@ -302,9 +306,10 @@ class RereadingRunner:
         probe = torch.ones(1, 1, dtype=torch.long, device=model.device)
         prepared = model.prepare_inputs_for_generation(probe, attention_mask=probe, use_cache=False)
         # XLM-style: the next token is read from a token the model appends (its mask token), so
-        # each scored position needs a forward of its own, as do models in _READ_EACH_PREFIX.
+        # each scored position needs a forward of its own.
         self._appends = prepared["input_ids"].shape[1] > probe.shape[1]
-        self._each_prefix = self._appends or _text_model_type(model) in _READ_EACH_PREFIX
+        self._replays = _text_model_type(model) in _REPLAY_STEPS
+        self._caches: dict[int, DynamicCache] = {}  # replayed rows: original row id -> its cache
         self._encoder_argument = "encoder_hidden_states" if (
             _accepts(model, "encoder_hidden_states") and getattr(model.config, "add_cross_attention", False)) else None
         self.encoder_outputs: ModelOutput | None = None
@@ -327,9 +332,12 @@ class RereadingRunner:
 
     def begin(self, encoder_outputs=None, **model_inputs) -> ModelOutput | None:
         self.encoder_outputs = None
+        self._caches = {}
         if encoder_outputs is not None:
             if not self.cross_attends:
                 raise ConfigError(f"{type(self.model).__name__} has no cross-attention: it cannot read an encoder output")
+            if self._replays:
+                raise ConfigError(f"{type(self.model).__name__} is replayed row by row: it reads no encoder output")
             self.encoder_outputs = as_encoder_outputs(encoder_outputs)
         return self.encoder_outputs
 
@@ -345,11 +353,16 @@ class RereadingRunner:
         logits_to_keep: int,
         rows: torch.Tensor | None = None,  # [g] the active rows these are (for the encoder output)
         hidden: bool = False,
+        replay: tuple | None = None,  # (original row ids, tokens each row's cache may keep, prompt width), host
     ):  # logits [g, logits_to_keep, V] of the last columns, or (logits, last hidden states [g, T, H])
-        if self._each_prefix:
-            if hidden:
-                raise ConfigError(f"{type(self.model).__name__} is read one prefix per scored position: "
-                                  "it has no hidden state per position to hand a drafter")
+        if (self._appends or self._replays) and hidden:
+            raise ConfigError(f"{type(self.model).__name__} is not read in one forward per sequence: "
+                              "it has no hidden state per position to hand a drafter")
+        if self._replays:
+            row_ids, kept, prompt_width = replay
+            return torch.cat([self._replay(input_ids[i:i + 1], attention_mask[i:i + 1], logits_to_keep,
+                                           row_ids[i], kept[i], prompt_width) for i in range(len(row_ids))], dim=0)
+        if self._appends:
             length = input_ids.shape[1]
             parts = [self._forward(input_ids[:, :end], attention_mask[:, :end], 1, rows, False).logits[:, -1:]
                      for end in range(length - logits_to_keep + 1, length + 1)]
@@ -357,6 +370,35 @@ class RereadingRunner:
         out = self._forward(input_ids, attention_mask, logits_to_keep, rows, hidden)
         logits = out.logits[:, -logits_to_keep:]
         return (logits, out.hidden_states[-1]) if hidden else logits
+
+    def _replay(self, input_ids, attention_mask, logits_to_keep: int, row: int, kept: int, prompt_width: int):
+        """One row as generate reads it: the prompt in one forward, then one token per forward, over a
+        cache of its own cropped back to the ``kept`` tokens it read before and that still stand."""
+        cache, read = self._caches.get(row, (None, 0))
+        parts = []
+        if cache is None or kept < prompt_width:
+            cache = DynamicCache(config=self.model.config)
+            parts.append(self._step(input_ids[:, :prompt_width], attention_mask[:, :prompt_width], cache, True))
+            kept = prompt_width
+        else:  # counted from the end: a model may cache more than it read (CPM-Ant: its own prompt)
+            if read > kept:
+                cache.crop(kept - read)  # a negative count: drop the last read - kept tokens
+        for end in range(kept + 1, input_ids.shape[1] + 1):
+            parts.append(self._step(input_ids[:, :end], attention_mask[:, :end], cache, False))
+        self._caches[row] = (cache, input_ids.shape[1])
+        logits = torch.cat(parts, dim=1)[:, -logits_to_keep:]
+        if logits.shape[1] < logits_to_keep:  # columns before what was read now are holes: any logits do
+            logits = torch.cat([logits[:, :1].expand(-1, logits_to_keep - logits.shape[1], -1), logits], dim=1)
+        return logits
+
+    def _step(self, input_ids, attention_mask, cache, first: bool):
+        """generate's forward of the tokens ``cache`` has not read (all of them first, then the last one)."""
+        kwargs = {"attention_mask": attention_mask, "use_cache": True, "past_key_values": cache}
+        if self._positions:
+            kwargs["position_ids"] = (attention_mask.cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)
+        inputs = self.model.prepare_inputs_for_generation(input_ids, is_first_iteration=first, **kwargs)
+        logits = self.model(**inputs).logits
+        return logits if first else logits[:, -1:]
 
     def _forward(self, input_ids, attention_mask, logits_to_keep, rows, hidden):
         kwargs = {"attention_mask": attention_mask, "use_cache": False}
