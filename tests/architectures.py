@@ -37,6 +37,7 @@ FAMILIES: dict[str, str] = {
     "cache_positions": "roformer",  # positions from the cache length: re-read whole, no cache
     "own_state": "recurrent_gemma",  # recurrent and attention states inside its layers: re-read whole
     "bidirectional": "cpmant",  # attention bidirectional within a forward: replayed row by row as generate reads
+    "widened_mask": "git",  # with a cache its mask is widened over the padding: replayed row by row
     "appended_token": "xlm",  # generate reads each next token from an appended mask token, without a cache
     "evicted_window": "moshi",  # a window only generate's evicting cache applies: full over the prompt
     "alibi": "bloom",  # ALiBi position biases, no position ids

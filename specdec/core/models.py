@@ -54,8 +54,6 @@ REFUSED_ARCHITECTURES: dict[str, str] = {}
 # so there is no one output to match (tests/test_architectures.py proves each): model type -> (the
 # request refused, why).
 _GENERATE_DIFFERS = {
-    "git": ("padded", "its generate widens the attention mask by the image tokens even without "
-            "an image (modeling_git.py), which unmasks the prompt padding for every generated token"),
     "rwkv": ("batched", "its one-token steps add a [B, H] state to [B, 1, H] hidden states "
              "(RwkvSelfAttention.extract_key_value), which broadcasts every row against every other once B > 1"),
 }
@@ -67,6 +65,8 @@ _GENERATE_DIFFERS = {
 _REPLAY_STEPS = {
     "cpmant": "its attention is bidirectional within a forward (CpmAntModel._prepare_attention_mask sets "
               "context = 1 for every token)",
+    "git": "once it has a cache it widens the attention mask by its image tokens, even without an image "
+           "(GitModel.forward), which unmasks the prompt's padding for every token read after the prompt",
 }
 
 
@@ -396,7 +396,10 @@ class RereadingRunner:
         kwargs = {"attention_mask": attention_mask, "use_cache": True, "past_key_values": cache}
         if self._positions:
             kwargs["position_ids"] = (attention_mask.cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)
-        inputs = self.model.prepare_inputs_for_generation(input_ids, is_first_iteration=first, **kwargs)
+        # generate's decoding steps ask for the last token only (a model that needs more, as CPM-Ant
+        # does, overrides prepare_inputs_for_generation to ignore it)
+        inputs = self.model.prepare_inputs_for_generation(input_ids, is_first_iteration=first,
+                                                          next_sequence_length=None if first else 1, **kwargs)
         logits = self.model(**inputs).logits
         return logits if first else logits[:, -1:]
 
