@@ -125,6 +125,9 @@ OVERRIDES: dict[str, dict] = {
                          "mamba_n_heads": 8, "mamba_d_head": 16},
     "gpt_neo": {"num_layers": 2, "attention_types": [[["global", "local"], 1]], "attention_layers": ["global", "local"]},
     "mpt": {"attn_config": {"alibi": True, "attn_impl": "torch"}},
+    # generate appends mask_token_id to read the next token; the default (0) is the pad id here,
+    # which XLM masks out, and every logit would be 0
+    "xlm": {"mask_token_id": 5},
 }
 
 
