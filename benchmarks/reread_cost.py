@@ -4,10 +4,13 @@ A model whose cache cannot hold holes (``specdec.core.models.REREAD_ARCHITECTURE
 whole at every forward of the target and of the draft model. This times, at batch 1 on one CPU
 thread, ``target.generate(do_sample=False)`` against specdec with the ``model`` drafter (the
 target's perturbed copy, the sweep's draft) and the ``ngram`` drafter, ``ConstantLookahead(k=4)``,
-for a re-read architecture (GPT-Neo) and, for scale, one with a cache (Llama), at a short and a
-long prompt. Contenders are interleaved and the median of ``--repeats`` runs is reported.
+for the three ways ``RereadingRunner`` reads a model: a cache per row read in blocks (GPT-Neo), a
+cache per row read one token per forward (GIT, as generate reads it), whole sequences with no
+cache (OpenAI-GPT); and, for scale, a model with a cache with holes (Llama); at a short and a long
+prompt. Contenders are interleaved and
+the median of ``--repeats`` runs is reported; every run is checked token for token.
 
-    OMP_NUM_THREADS=1 python benchmarks/reread_cost.py [--new-tokens 64] [--repeats 5]
+    OMP_NUM_THREADS=1 python benchmarks/reread_cost.py [--archs gpt_neo,git,openai-gpt,llama] [--new-tokens 64] [--repeats 5]
 """
 
 from __future__ import annotations
@@ -39,7 +42,8 @@ from specdec.policies import ConstantLookahead  # noqa: E402
 
 def build(arch: str, positions: int):
     """The sweep's tiny float64 model of ``arch`` with room for ``positions`` tokens, and its draft."""
-    config = arch_lib.tiny_config(arch, **{name: positions for name in ("max_position_embeddings",)})
+    names = [name for name in ("max_position_embeddings", "n_positions") if hasattr(arch_lib.config_class(arch)(), name)]
+    config = arch_lib.tiny_config(arch, **{name: positions for name in names})
     torch.manual_seed(0)
     target = arch_lib._finish(arch_lib.model_class(arch)(config))
     return target, arch_lib._finish(perturbed_copy(target, arch_lib.DRAFT_NOISE, seed=1))
@@ -50,8 +54,9 @@ def main(argv=None) -> int:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--prompts", default="16,448", help="prompt lengths (comma-separated)")
+    parser.add_argument("--archs", default="gpt_neo,git,openai-gpt,llama", help="architectures (comma-separated)")
     args = parser.parse_args(argv)
-    for arch in ("gpt_neo", "llama"):
+    for arch in args.archs.split(","):
         for length in (int(n) for n in args.prompts.split(",")):
             target, draft = build(arch, length + args.new_tokens + 8)
             ids = torch.tensor(arch_lib.prompts((length,))[0])[None]

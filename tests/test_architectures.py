@@ -188,3 +188,24 @@ def test_the_scores_are_generates_own_logits(family):
                 assert (scores[j] - reference.logits[step][row]).abs().max() < 1e-5
                 compared += 1
     assert compared >= NEW_TOKENS * ids.shape[0]
+
+
+@pytest.mark.parametrize("family, longest", [("local", 5), ("widened_mask", 1), ("cache_positions", 5)])
+def test_a_cache_per_row_reads_only_what_is_new(family, longest):
+    """A model whose cache can be cropped keeps one per row: after the prompt, a forward reads a row's
+    new tokens (at most k + 1 at once, or one per forward where generate's order of reads matters),
+    never the whole sequence again."""
+    target = tiny_family_model(family)
+    widths = []
+    handle = target.register_forward_pre_hook(lambda module, args, kwargs: widths.append(kwargs["input_ids"].shape),
+                                              with_kwargs=True)
+    ids, mask = _inputs("batch3")
+    try:
+        decoder = SpeculativeDecoder(target=target, drafter=NGramDrafter(max_ngram=3), policy=ConstantLookahead(k=4))
+        out = decoder.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS)
+    finally:
+        handle.remove()
+    assert torch.equal(out.sequences, _reference(family, "batch3"))
+    prompts = [shape for shape in widths if shape[1] >= ids.shape[1]]
+    assert len(prompts) == ids.shape[0] and all(shape[0] == 1 for shape in widths)  # one prompt read per row
+    assert max(shape[1] for shape in widths if shape[1] < ids.shape[1]) <= longest

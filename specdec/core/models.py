@@ -68,6 +68,9 @@ _REPLAY_STEPS = {
     "git": "once it has a cache it widens the attention mask by its image tokens, even without an image "
            "(GitModel.forward), which unmasks the prompt's padding for every token read after the prompt",
 }
+# Models whose cache can be cropped but cannot hold holes, and whose forward of a block equals its
+# tokens read one by one: each row keeps a cache of its own too, but reads each new block at once.
+_ROW_BLOCKS = {"gpt_neo", "roformer", "trocr"}
 
 
 def _text_model_type(model: PreTrainedModel) -> str:
@@ -287,9 +290,11 @@ class RereadingRunner:
     makes them from the attention mask. Every token then has the position and the context it has
     in ``generate``, whatever the model derives positions from. A model whose generate appends a
     token to read the next one (XLM's mask token) gets one forward per scored position. A model
-    whose tokens attend to later tokens of the same forward (``_REPLAY_STEPS``: CPM-Ant) is
-    replayed as generate reads it, row by row: the prompt at once, then one token per forward,
-    over a cache of the row's own that is cropped back to its kept tokens.
+    whose forward depends on what is read together (``_REPLAY_STEPS``: CPM-Ant, GIT) is replayed
+    as generate reads it, row by row: the prompt at once, then one token per forward, over a cache
+    of the row's own that is cropped back to its kept tokens. A model whose cache can be cropped
+    but not hold holes (``_ROW_BLOCKS``: GPT-Neo, RoFormer, TrOCR) keeps such a cache per row too,
+    and reads each row's new tokens in one forward: only what is new, not the whole sequence.
 
     Exact, and costly: each verification (and each draft step of a draft model) re-reads the
     whole sequence, so speculation pays only for short sequences (docs/design.md).
@@ -308,8 +313,10 @@ class RereadingRunner:
         # XLM-style: the next token is read from a token the model appends (its mask token), so
         # each scored position needs a forward of its own.
         self._appends = prepared["input_ids"].shape[1] > probe.shape[1]
-        self._replays = _text_model_type(model) in _REPLAY_STEPS
-        self._caches: dict[int, DynamicCache] = {}  # replayed rows: original row id -> its cache
+        model_type = _text_model_type(model)
+        self._one_token = model_type in _REPLAY_STEPS
+        self._replays = self._one_token or model_type in _ROW_BLOCKS  # a cache per row
+        self._caches: dict[int, tuple[DynamicCache, int]] = {}  # row id -> its cache, tokens read
         self._encoder_argument = "encoder_hidden_states" if (
             _accepts(model, "encoder_hidden_states") and getattr(model.config, "add_cross_attention", False)) else None
         self.encoder_outputs: ModelOutput | None = None
@@ -372,36 +379,40 @@ class RereadingRunner:
         return (logits, out.hidden_states[-1]) if hidden else logits
 
     def _replay(self, input_ids, attention_mask, logits_to_keep: int, row: int, kept: int, prompt_width: int):
-        """One row as generate reads it: the prompt in one forward, then one token per forward, over a
-        cache of its own cropped back to the ``kept`` tokens it read before and that still stand."""
+        """One row as generate reads it, over a cache of its own cropped back to the ``kept`` tokens it
+        read before and that still stand: the prompt in one forward, then what is new one token per
+        forward (``_REPLAY_STEPS``) or in one forward (``_ROW_BLOCKS``)."""
         cache, read = self._caches.get(row, (None, 0))
         parts = []
         if cache is None or kept < prompt_width:
             cache = DynamicCache(config=self.model.config)
-            parts.append(self._step(input_ids[:, :prompt_width], attention_mask[:, :prompt_width], cache, True))
+            parts.append(self._step(input_ids[:, :prompt_width], attention_mask[:, :prompt_width], cache, None))
             kept = prompt_width
-        else:  # counted from the end: a model may cache more than it read (CPM-Ant: its own prompt)
-            if read > kept:
-                cache.crop(kept - read)  # a negative count: drop the last read - kept tokens
-        for end in range(kept + 1, input_ids.shape[1] + 1):
-            parts.append(self._step(input_ids[:, :end], attention_mask[:, :end], cache, False))
-        self._caches[row] = (cache, input_ids.shape[1])
+        elif read > kept:  # counted from the end: a model may cache more than it read (CPM-Ant: its own prompt)
+            cache.crop(kept - read)  # a negative count: drop the last read - kept tokens
+        length = input_ids.shape[1]
+        ends = range(kept + 1, length + 1) if self._one_token else [length] if length > kept else []
+        for end in ends:
+            parts.append(self._step(input_ids[:, :end], attention_mask[:, :end], cache, end - kept))
+            kept = end
+        self._caches[row] = (cache, length)
         logits = torch.cat(parts, dim=1)[:, -logits_to_keep:]
         if logits.shape[1] < logits_to_keep:  # columns before what was read now are holes: any logits do
             logits = torch.cat([logits[:, :1].expand(-1, logits_to_keep - logits.shape[1], -1), logits], dim=1)
         return logits
 
-    def _step(self, input_ids, attention_mask, cache, first: bool):
-        """generate's forward of the tokens ``cache`` has not read (all of them first, then the last one)."""
+    def _step(self, input_ids, attention_mask, cache, new: int | None):
+        """generate's forward of the ``new`` last tokens over ``cache`` (None: the prompt, all of them)."""
+        first = new is None
         kwargs = {"attention_mask": attention_mask, "use_cache": True, "past_key_values": cache}
         if self._positions:
             kwargs["position_ids"] = (attention_mask.cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)
-        # generate's decoding steps ask for the last token only (a model that needs more, as CPM-Ant
+        # generate's decoding steps ask for the new tokens only (a model that needs more, as CPM-Ant
         # does, overrides prepare_inputs_for_generation to ignore it)
         inputs = self.model.prepare_inputs_for_generation(input_ids, is_first_iteration=first,
-                                                          next_sequence_length=None if first else 1, **kwargs)
+                                                          next_sequence_length=new, **kwargs)
         logits = self.model(**inputs).logits
-        return logits if first else logits[:, -1:]
+        return logits if first else logits[:, -new:]
 
     def _forward(self, input_ids, attention_mask, logits_to_keep, rows, hidden):
         kwargs = {"attention_mask": attention_mask, "use_cache": False}
