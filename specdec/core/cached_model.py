@@ -18,9 +18,10 @@ What "leave the cache" means depends on the kind of state, and is defined here o
   after the prompt every token is read on its own with a checkpoint after it, and each row goes
   back to the checkpoint after its last kept token (``core/recurrent.py``);
 - state that cannot hold holes at all (``REREAD_ARCHITECTURES``: slot-indexed windows, positions
-  counted from the cache length, states outside transformers' cache classes): there is no cache;
-  the ``RereadingRunner`` reads each row's committed tokens and the round's speculative ones whole
-  at every read, so nothing needs to leave.
+  counted from the cache length, states outside transformers' cache classes): there is no
+  ``SlotCache``; every read hands the ``RereadingRunner`` each row's committed tokens and the
+  round's speculative ones, which it reads whole or over a cache per row that it crops back to
+  the tokens each row kept.
 """
 
 from __future__ import annotations

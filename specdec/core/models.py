@@ -28,8 +28,8 @@ _POSITIONS_FROM_CACHE = (
     "position_ids, so the holes that rejected drafts leave in a cache would shift every later position"
 )
 # Architectures whose cache cannot hold the holes of rejected drafts, and why. runner_for gives
-# them a RereadingRunner: no cache, every forward reads each row's whole sequence as generate
-# prepares it (exact, and slow for long sequences: see docs/design.md).
+# them a RereadingRunner: each row's whole sequence as generate prepares it, read with no cache or
+# over a cache per row (exact, and slow: see docs/design.md).
 REREAD_ARCHITECTURES = {
     "gpt_neo": "its local-attention layers apply their window through a fixed buffer indexed by cache slot "
                "(GPTNeoSelfAttention.bias), which the holes of rejected drafts shift",
@@ -280,9 +280,9 @@ class CausalLMRunner:
 
 
 class RereadingRunner:
-    """Runs a decoder-only LM whose cache cannot hold holes (``REREAD_ARCHITECTURES``) without a cache.
+    """Runs a decoder-only LM whose cache cannot hold holes (``REREAD_ARCHITECTURES``) as generate does.
 
-    Every forward reads whole sequences: ``CachedModel`` hands it each row's committed tokens
+    Every read gets whole sequences: ``CachedModel`` hands it each row's committed tokens
     (the prompt's left padding and attention mask exactly as ``generate`` saw them) followed by the
     round's speculative tokens, rows of one length at a time, so there is no padding but the
     prompt's own. The model's inputs are built by its own ``prepare_inputs_for_generation`` with
@@ -296,8 +296,9 @@ class RereadingRunner:
     but not hold holes (``_ROW_BLOCKS``: GPT-Neo, RoFormer, TrOCR) keeps such a cache per row too,
     and reads each row's new tokens in one forward: only what is new, not the whole sequence.
 
-    Exact, and costly: each verification (and each draft step of a draft model) re-reads the
-    whole sequence, so speculation pays only for short sequences (docs/design.md).
+    Exact, and costly: read whole, each verification (and each draft step of a draft model)
+    re-reads the whole sequence, so speculation pays only for short sequences; with a cache per
+    row, a read is one forward per row (docs/design.md).
     """
 
     rereads = True
