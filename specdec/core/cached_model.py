@@ -118,11 +118,13 @@ class CachedModel:
         return self._forward(tokens, valid, positions, logits_to_keep, embed, hidden)
 
     def _reread(self, state, tokens, valid, logits_to_keep, embed, hidden):
-        """``read`` for a model without a cache: each row's committed tokens and the round's speculative
-        ones so far, read whole (see ``RereadingRunner``). The columns "read" are those a cache would
-        have read (the unread committed tokens, then ``tokens``), for ``read_positions``."""
-        if embed is not None:
-            raise ConfigError(f"{type(self.model).__name__} is re-read whole at every forward: it takes no input embeddings")
+        """``read`` for a ``RereadingRunner``: it gets each row's committed tokens and the round's
+        speculative ones so far, whole, and reads them as generate would. The columns "read" are those
+        a ``SlotCache`` would have read (the unread committed tokens, then ``tokens``), for
+        ``read_positions``."""
+        if embed is not None or hidden:
+            raise ConfigError(f"{type(self.model).__name__} is read from token ids as generate reads it: it takes "
+                              "no input embeddings and hands out no hidden states")
         device = state.device
         speculative = tokens.shape[1]
         if not self._spec:  # the round's first read: the committed tokens not read yet are its first columns
@@ -135,9 +137,9 @@ class CachedModel:
         self._speculative_read += speculative
         read = self._speculative_read
         positions = self._round_start[:, None] + (read - speculative) + torch.arange(speculative, device=device)
-        positions = self._remember(torch.cat([catch_up_valid, valid], dim=1), positions, catch_up_positions)
+        self._remember(torch.cat([catch_up_valid, valid], dim=1), positions, catch_up_positions)
         spec, spec_valid = torch.cat(self._spec, dim=1), torch.cat(self._spec_valid, dim=1)  # [B, read]
-        logits = hiddens = None
+        logits = None
         lengths_host = self._round_start_host
         # Rows of one committed length are read together: no padding but the prompt's own, so every
         # model (those that count padding from the right or from pad ids too) sees generate's inputs.
@@ -157,18 +159,11 @@ class CachedModel:
             before = self.fed_host[state.rows_host[group_host]] if read == speculative else \
                 lengths_host[group_host] + read - speculative
             replay = (state.rows_host[group_host].tolist(), before.tolist(), state.prompt_width)
-            out = self.runner.read_sequences(sequences, mask, logits_to_keep, rows=group, hidden=hidden, replay=replay)
-            if hidden:
-                out, states = out
-                at = positions[group].clamp(0, sequences.shape[1] - 1)  # hole columns: any legal index
-                states = states.gather(1, at[..., None].expand(-1, -1, states.shape[-1]))
-                if hiddens is None:
-                    hiddens = states.new_empty(state.active, *states.shape[1:])
-                hiddens[group] = states
+            out = self.runner.read_sequences(sequences, mask, logits_to_keep, rows=group, replay=replay)
             if logits is None:
                 logits = out.new_empty(state.active, *out.shape[1:])
             logits[group] = out
-        return (logits, hiddens) if hidden else logits
+        return logits
 
     def _remember(self, valid, positions, catch_up_positions=None):
         """Keep the last read's columns for ``read_positions``; return their positions (None if unwanted)."""

@@ -360,24 +360,18 @@ class RereadingRunner:
         attention_mask: torch.Tensor,  # [g, T] long
         logits_to_keep: int,
         rows: torch.Tensor | None = None,  # [g] the active rows these are (for the encoder output)
-        hidden: bool = False,
         replay: tuple | None = None,  # (original row ids, tokens each row's cache may keep, prompt width), host
-    ):  # logits [g, logits_to_keep, V] of the last columns, or (logits, last hidden states [g, T, H])
-        if (self._appends or self._replays) and hidden:
-            raise ConfigError(f"{type(self.model).__name__} is not read in one forward per sequence: "
-                              "it has no hidden state per position to hand a drafter")
+    ) -> torch.Tensor:  # [g, logits_to_keep, V]: the logits of the last columns
         if self._replays:
             row_ids, kept, prompt_width = replay
             return torch.cat([self._replay(input_ids[i:i + 1], attention_mask[i:i + 1], logits_to_keep,
                                            row_ids[i], kept[i], prompt_width) for i in range(len(row_ids))], dim=0)
         if self._appends:
             length = input_ids.shape[1]
-            parts = [self._forward(input_ids[:, :end], attention_mask[:, :end], 1, rows, False).logits[:, -1:]
+            parts = [self._forward(input_ids[:, :end], attention_mask[:, :end], 1, rows).logits[:, -1:]
                      for end in range(length - logits_to_keep + 1, length + 1)]
             return torch.cat(parts, dim=1)
-        out = self._forward(input_ids, attention_mask, logits_to_keep, rows, hidden)
-        logits = out.logits[:, -logits_to_keep:]
-        return (logits, out.hidden_states[-1]) if hidden else logits
+        return self._forward(input_ids, attention_mask, logits_to_keep, rows).logits[:, -logits_to_keep:]
 
     def _replay(self, input_ids, attention_mask, logits_to_keep: int, row: int, kept: int, prompt_width: int):
         """One row as generate reads it, over a cache of its own cropped back to the ``kept`` tokens it
@@ -415,7 +409,7 @@ class RereadingRunner:
         logits = self.model(**inputs).logits
         return logits if first else logits[:, -new:]
 
-    def _forward(self, input_ids, attention_mask, logits_to_keep, rows, hidden):
+    def _forward(self, input_ids, attention_mask, logits_to_keep, rows):
         kwargs = {"attention_mask": attention_mask, "use_cache": False}
         if self._positions:  # as generate makes them (_prepare_position_ids_for_generation)
             kwargs["position_ids"] = (attention_mask.cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)
@@ -425,8 +419,6 @@ class RereadingRunner:
         if self.encoder_outputs is not None:
             encoded = self.encoder_outputs.last_hidden_state
             inputs[self._encoder_argument] = encoded if rows is None else encoded[rows]
-        if hidden:
-            inputs["output_hidden_states"] = True
         return self.model(**inputs)
 
 
