@@ -209,3 +209,17 @@ def test_a_cache_per_row_reads_only_what_is_new(family, longest):
     prompts = [shape for shape in widths if shape[1] >= ids.shape[1]]
     assert len(prompts) == ids.shape[0] and all(shape[0] == 1 for shape in widths)  # one prompt read per row
     assert max(shape[1] for shape in widths if shape[1] < ids.shape[1]) <= longest
+
+
+def test_finished_rows_free_their_caches():
+    """Rows of different budgets finish at different iterations; a cache per row leaves with its row."""
+    target = tiny_family_model("local")
+    ids, mask = _inputs("batch3")
+    decoder = SpeculativeDecoder(target=target, drafter=NGramDrafter(max_ngram=3), policy=ConstantLookahead(k=2))
+    eos = int(_reference("local", "batch3")[0, ids.shape[1] + 3])  # row 0 ends early on its 4th new token
+    out = decoder.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, eos_token_id=eos)
+    with torch.no_grad():
+        expected = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW_TOKENS, eos_token_id=eos)
+    assert torch.equal(out.sequences, expected)
+    runner = decoder._target.runner
+    assert set(runner._caches) <= {1, 2}  # row 0 finished first and freed its cache

@@ -206,6 +206,8 @@ class CachedModel:
         """Finished rows leave the batch; ``state.rows_host`` already holds the rows that stay."""
         if self.slots is not None:
             self.slots.select_rows(keep, widest=self._widest(state, state.rows_host))
+        else:  # a re-reading runner frees the caches of the rows that left
+            self.runner.keep_caches(state.rows_host.tolist())
         self.runner.select_rows(keep)
 
     def _widest(self, state, rows_host: torch.Tensor) -> int:

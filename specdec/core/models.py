@@ -353,6 +353,10 @@ class RereadingRunner:
         if self.encoder_outputs is not None:
             self.encoder_outputs = select_encoder_rows(self.encoder_outputs, index)
 
+    def keep_caches(self, row_ids: list[int]) -> None:
+        """Only the rows ``row_ids`` (original ids) go on: free the caches of the others."""
+        self._caches = {row: self._caches[row] for row in row_ids if row in self._caches}
+
     @torch.no_grad()
     def read_sequences(
         self,
