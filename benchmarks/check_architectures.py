@@ -13,7 +13,8 @@ Verdicts, worst first:
   MISMATCH  a token differs from generate (first configuration / row / position), or
             MISMATCH(logits): every token agrees but the scores the verifier saw differ from the
             target's logits on the final sequences (one plain forward, same mask) by more than 1e-6
-  REFUSED   specdec raised a SpecdecError before decoding (the message)
+  REFUSED   specdec raised a SpecdecError before decoding (the message, and where transformers' own
+            generate gives rows of the batch other tokens than each row alone, that proof)
   EXACT     every configuration token-identical, and the logits agree
   SKIP      the model cannot be built, or transformers' own generate fails (the reason)
 
@@ -54,6 +55,7 @@ hf_logging.set_verbosity_error()
 
 from tests import architectures as arch_lib  # noqa: E402  (the one shrinker, shared with the tests)
 from specdec import PluginError, SpecdecError, SpeculativeDecoder  # noqa: E402
+from specdec.core.models import reread_reason  # noqa: E402
 from specdec.drafters import ModelDrafter, NGramDrafter  # noqa: E402
 from specdec.policies import ConstantLookahead, HeuristicLookahead  # noqa: E402
 from specdec.verifiers import GreedyVerifier  # noqa: E402
@@ -201,10 +203,18 @@ def _plain_forward(model, sequences, mask):
         return model(input_ids=sequences, attention_mask=full, **kwargs).logits
 
 
-def _logit_gap(model, sequences, mask, records) -> float:
+def _logit_gap(model, sequences, mask, records, generated=None) -> float:
     """Largest |score the verifier saw - target logit from one plain forward over the final sequences|
-    over every position the verifier scored that lies on the final sequence."""
-    logits = _plain_forward(model, sequences, mask).double()
+    over every position the verifier scored that lies on the final sequence.
+
+    ``generated`` ([B, new tokens, V], generate's own step logits, fp32) replaces the plain forward
+    where one plain forward is not what generate computes (see ``_generate_is_the_reference``)."""
+    if generated is None:
+        logits = _plain_forward(model, sequences, mask).double()
+    else:  # generate's step i scored the token at position prompt width + i
+        logits = torch.zeros(sequences.shape[0], sequences.shape[1], generated.shape[-1], dtype=torch.float64)
+        start = sequences.shape[1] - generated.shape[1] - 1
+        logits[:, start:start + generated.shape[1]] = generated.double()
     worst = 0.0
     for rows, lengths, scores, accepted in records:
         for b in range(rows.shape[0]):
@@ -216,6 +226,17 @@ def _logit_gap(model, sequences, mask, records) -> float:
                 gap = (scores[b, j] - logits[row, at]).abs().max().item()
                 worst = max(worst, gap)
     return worst
+
+
+def _generate_is_the_reference(model) -> bool:
+    """Whether the probe compares with generate's own step logits instead of one plain forward over
+    the final sequences: for models where the two differ by design. A re-read model's logits may
+    depend on later tokens (CPM-Ant's padding count, XLM's appended mask token), and a window only
+    generate's cache applies (Moshi) is absent from a plain forward. The step logits are float32,
+    so these gaps are ~1e-7 where the plain forward's are ~1e-15."""
+    from specdec.core.masks import EVICTED, AttentionLayout
+
+    return reread_reason(model) is not None or EVICTED in AttentionLayout.of(model).kinds
 
 
 def _inputs():
@@ -252,10 +273,16 @@ def check_architecture(arch: str, quick: bool = False) -> dict:
 
     cases = _inputs()
     references = {}
+    generated = {}  # generate's own step logits, where they are the probe's reference
+    own_logits = _generate_is_the_reference(target)
     for name, ids, mask in cases:
         try:
             with torch.no_grad():
-                ref = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW_TOKENS)
+                ref = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW_TOKENS,
+                                      output_logits=own_logits, return_dict_in_generate=own_logits)
+                if own_logits:
+                    generated[name] = torch.stack(ref.logits, dim=1)  # [B, new tokens, V]
+                    ref = ref.sequences
                 logits = _plain_forward(target, ref, mask)
         except Exception as exc:  # noqa: BLE001
             result.update(verdict="SKIP", detail=f"generate fails ({name}): {_message(exc)} at {_innermost_frame(exc)}")
@@ -264,6 +291,15 @@ def check_architecture(arch: str, quick: bool = False) -> dict:
             result.update(verdict="SKIP", detail=f"the target's logits are not finite ({name})")
             return result
         references[name] = ref
+    # Rows on which transformers' generate itself gives the batch another output than the row alone:
+    # where specdec refuses a request, this is the proof that there is no one output to match.
+    batch = references["batch"]
+    result["generate_differs"] = [row for row in range(batch.shape[0]) if not torch.equal(
+        batch[row, -NEW_TOKENS:], references[f"row{row}"][0, -NEW_TOKENS:])]
+    # A re-read model (no cache) runs whole sequences, rows of one length at a time: its forwards are
+    # not the verification block, so the probe compares the verifier's (fp32) scores instead.
+    reread = reread_reason(target) is not None
+    result["reread"] = reread
 
     _enter_specdec_phase()
     drafted = accepted = 0
@@ -274,7 +310,7 @@ def check_architecture(arch: str, quick: bool = False) -> dict:
                 continue
             label = f"{drafter_name}/{policy_name}/{name}"
             record = {"config": label}
-            tap = _LogitTap(target)
+            tap = None if reread else _LogitTap(target)
             verifier = RecordingVerifier(tap=tap)
             try:
                 decoder = SpeculativeDecoder(
@@ -282,7 +318,8 @@ def check_architecture(arch: str, quick: bool = False) -> dict:
                 )
                 out = decoder.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS)
             except Exception as exc:  # noqa: BLE001
-                tap.remove()
+                if tap is not None:
+                    tap.remove()
                 refused = isinstance(exc, SpecdecError) and not isinstance(exc, PluginError) and not verifier.records
                 record.update(
                     status="REFUSED" if refused else "CRASH",
@@ -294,7 +331,8 @@ def check_architecture(arch: str, quick: bool = False) -> dict:
                 )
                 result["configs"].append(record)
                 continue
-            tap.remove()
+            if tap is not None:
+                tap.remove()
             ref = references[name]
             got = out.sequences
             if got.shape != ref.shape or not torch.equal(got, ref):
@@ -307,7 +345,7 @@ def check_architecture(arch: str, quick: bool = False) -> dict:
                     where = f"lengths differ: specdec {tuple(got.shape)}, generate {tuple(ref.shape)}"
                 record.update(status="MISMATCH", where=where)
             else:
-                gap = _logit_gap(target, got, mask, verifier.records)
+                gap = _logit_gap(target, got, mask, verifier.records, generated.get(name))
                 record.update(status="EXACT" if gap <= _logit_tolerance(target) else "MISMATCH(logits)", logit_gap=gap)
             stats = out.stats
             if drafter_name == "model":
@@ -331,6 +369,9 @@ def check_architecture(arch: str, quick: bool = False) -> dict:
                 detail = f"{first['config']}: {first['error']} [specdec: {first['specdec_frame']}; raised at {first['frame']}]"
             else:
                 detail = f"{first['config']}: {first['error']}"
+                if result["generate_differs"]:
+                    detail += (f" [proof: transformers' generate gives batch rows {result['generate_differs']} other "
+                               "tokens than each row alone]")
             others = sorted({s for s in statuses if s != verdict})
             result.update(verdict=verdict, detail=f"{detail} ({bad}/{len(statuses)} configs {verdict}"
                           + (f"; others {', '.join(others)}" if others else "") + ")")

@@ -31,3 +31,8 @@ class PluginError(SpecdecError):
 
 class IncompatibleModelsError(ConfigError):
     """The draft and the target cannot be paired (vocabulary, hidden size, architecture)."""
+
+
+class RereadWarning(UserWarning):
+    """A model is decoded exactly but slowly: its cache cannot hold the holes of rejected drafts,
+    so specdec re-reads each row's whole sequence at every forward."""

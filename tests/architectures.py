@@ -33,7 +33,13 @@ FAMILIES: dict[str, str] = {
     "sliding": "mistral",  # every layer a sliding window
     "mixed_sliding": "gemma2",  # sliding and full layers alternate (layer_types)
     "chunked": "llama4_text",  # chunked attention layers plus full ones
-    "local": "gpt_neo",  # local (windowed) and global layers, learned absolute positions
+    "local": "gpt_neo",  # local windows through a slot-indexed buffer: re-read whole, no cache
+    "cache_positions": "roformer",  # positions from the cache length: re-read whole, no cache
+    "own_state": "recurrent_gemma",  # recurrent and attention states inside its layers: re-read whole
+    "bidirectional": "cpmant",  # attention bidirectional within a forward: replayed row by row as generate reads
+    "widened_mask": "git",  # with a cache its mask is widened over the padding: replayed row by row
+    "appended_token": "xlm",  # generate reads each next token from an appended mask token, without a cache
+    "evicted_window": "moshi",  # a window only generate's evicting cache applies: full over the prompt
     "alibi": "bloom",  # ALiBi position biases, no position ids
     "mla": "deepseek_v3",  # multi-head latent attention (+ MoE)
     "moe": "mixtral",  # sparse mixture of experts
@@ -53,7 +59,7 @@ SIZES: dict[str, int] = {
     "hidden_size_per_layer_input": 16, "lru_width": HIDDEN, "input_embedding_size": HIDDEN,
     "intermediate_size": 128, "ffn_dim": 128, "n_inner": 128, "d_inner": 128, "ffn_hidden_size": 128,
     "intermediate_size_mlp": 128, "dense_intermediate_size": 128, "dim_ff": 128, "decoder_ffn_dim": 128,
-    "feed_forward_size": 128,
+    "feed_forward_size": 128, "emb_dim": HIDDEN,
     "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32, "shared_intermediate_size": 32,
     "shared_experts_intermediate_size": 32, "moe_shared_expert_intermediate_size": 32, "expert_ffn_hidden_size": 32,
     # heads
@@ -119,6 +125,9 @@ OVERRIDES: dict[str, dict] = {
                          "mamba_n_heads": 8, "mamba_d_head": 16},
     "gpt_neo": {"num_layers": 2, "attention_types": [[["global", "local"], 1]], "attention_layers": ["global", "local"]},
     "mpt": {"attn_config": {"alibi": True, "attn_impl": "torch"}},
+    # generate appends mask_token_id to read the next token; the default (0) is the pad id here,
+    # which XLM masks out, and every logit would be 0
+    "xlm": {"mask_token_id": 5},
 }
 
 

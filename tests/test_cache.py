@@ -85,12 +85,25 @@ class TestAttentionLayout:
         masks = layout.masks(slot_mask, positions, positions[:, -2:], torch.float64)
         assert masks["conv"].tolist() == [[0, 1]]  # the last two slots: a hole, then a token
 
-    def test_a_window_the_models_own_code_never_applies_is_not_applied(self):
-        """Moshi's config carries a sliding_window, but its attention builds only full masks."""
-        from specdec.core.masks import FULL, AttentionLayout
+    def test_a_window_only_generates_cache_applies_bites_after_the_prompt(self):
+        """Moshi's attention builds only full masks; its window is generate's evicting sliding-window
+        cache, so the prompt (read in one forward) attends fully and every later token sees the last W."""
+        from specdec.core.masks import EVICTED, AttentionLayout
 
         from .architectures import tiny_model as tiny_architecture
 
         moshi, mistral = tiny_architecture("moshi"), tiny_architecture("mistral")
-        assert moshi.config.sliding_window and AttentionLayout.of(moshi).kinds == (FULL,)
+        layout = AttentionLayout.of(moshi)
+        assert moshi.config.sliding_window and layout.kinds == (EVICTED,)
+        window = AttentionLayout(kinds=(EVICTED,), sliding_window=2, implementation="sdpa")
+        slot_mask = torch.ones(1, 5, dtype=torch.bool)
+        positions = torch.arange(5)[None]
+        seen = window.masks(slot_mask, positions, positions, torch.float64, prompt_lengths=torch.tensor([3]))[0, 0]
+        assert seen.long().tolist() == [
+            [1, 0, 0, 0, 0],
+            [1, 1, 0, 0, 0],
+            [1, 1, 1, 0, 0],  # the prompt's last token still sees the whole prompt
+            [0, 0, 1, 1, 0],  # after the prompt: the last two positions
+            [0, 0, 0, 1, 1],
+        ]
         assert AttentionLayout.of(mistral).counts_positions

@@ -131,6 +131,13 @@ class TestFiles:
         with pytest.raises(ConfigError, match="not a safetensors file"):
             SpeculativeDecoder(target=tiny_model("llama"), drafter=HiddenStateDrafter(str(other)))
 
+    def test_a_target_whose_cache_cannot_hold_holes_is_refused(self):
+        """Its head would be the same architecture, which is re-read from token ids, never from embeddings."""
+        target = tiny_family_model("local")
+        head = HiddenStateHead(head_config(target.config), torch.tensor([3, 4, 5]))
+        with pytest.raises(IncompatibleModelsError, match=r"one-layer gpt_neo, which cannot keep a cache with holes \(.*slot"):
+            SpeculativeDecoder(target=target, drafter=HiddenStateDrafter(head))
+
     def test_an_encoder_decoder_target_is_refused(self):
         from .tiny_whisper import tiny_whisper
 

@@ -217,6 +217,14 @@ class TestStaticArchitectures:
         with pytest.raises(ConfigError, match="static_cache: .*recurrent or conv states"):
             decoder.generate(ids, attention_mask=mask, max_new_tokens=4)
 
+    @pytest.mark.filterwarnings("ignore::specdec.errors.RereadWarning")
+    def test_re_read_models_are_refused_with_the_reason(self):
+        target = architectures.tiny_family_model("local")  # gpt_neo: re-read, no cache to preallocate
+        decoder = SpeculativeDecoder(target=target, drafter=NGramDrafter(), static_cache=True)
+        ids, mask = architectures.ragged_batch()
+        with pytest.raises(ConfigError, match=r"static_cache: GPTNeoForCausalLM \(gpt_neo\) is re-read without a cache"):
+            decoder.generate(ids, attention_mask=mask, max_new_tokens=4)
+
     @pytest.mark.parametrize("drafter", ["ngram", "shared_encoder", "model-seq2seq"])
     def test_whisper(self, drafter):
         target = tiny_whisper(seed=0)

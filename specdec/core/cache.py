@@ -78,6 +78,8 @@ class SlotCache:
         self.slot_mask = torch.zeros(batch_size, capacity or 0, dtype=torch.bool, device=device)
         self.positions = torch.zeros(batch_size, capacity or 0, dtype=torch.long, device=device)
         self.n_valid = torch.zeros(batch_size, dtype=torch.long, device=device)
+        # Each row's real prompt tokens (a window that bites only after the prompt, core/masks.py).
+        self.prompt_lengths = torch.zeros(batch_size, dtype=torch.long, device=device)
         self.compactions = 0
         self._row_map_identity = True
 
@@ -212,6 +214,7 @@ class SlotCache:
         self.slot_mask = self.slot_mask[index]
         self.positions = self.positions[index]
         self.n_valid = self.n_valid[index]
+        self.prompt_lengths = self.prompt_lengths[index]
 
     def maybe_compact(self, widest: int) -> None:
         if self.static:

@@ -16,15 +16,21 @@ What "leave the cache" means depends on the kind of state, and is defined here o
   counted in positions, not slots (``core/masks.py``);
 - recurrent states (Mamba, gated delta nets, short convolutions): a state cannot be cropped, so
   after the prompt every token is read on its own with a checkpoint after it, and each row goes
-  back to the checkpoint after its last kept token (``core/recurrent.py``).
+  back to the checkpoint after its last kept token (``core/recurrent.py``);
+- state that cannot hold holes at all (``REREAD_ARCHITECTURES``: slot-indexed windows, positions
+  counted from the cache length, states outside transformers' cache classes): there is no
+  ``SlotCache``; every read hands the ``RereadingRunner`` each row's committed tokens and the
+  round's speculative ones, which it reads whole or over a cache per row that it crops back to
+  the tokens each row kept.
 """
 
 from __future__ import annotations
 
 import torch
 
+from ..errors import ConfigError
 from .cache import bucket
-from .models import CausalLMRunner, Seq2SeqRunner
+from .models import CausalLMRunner, RereadingRunner, Seq2SeqRunner
 
 # Free columns a static cache keeps for the next rounds; fewer, and it compacts (core/cache.py).
 STATIC_HEADROOM = 64
@@ -34,7 +40,7 @@ class CachedModel:
     """``runner``'s model plus a ``SlotCache`` of the request's active rows, and how far each row's
     committed tokens have been read (``fed_host``, buffer positions, CPU)."""
 
-    def __init__(self, runner: CausalLMRunner | Seq2SeqRunner, role: str = "draft"):
+    def __init__(self, runner: CausalLMRunner | RereadingRunner | Seq2SeqRunner, role: str = "draft"):
         self.runner = runner
         self.role = role  # "target" or "draft": which models ``state.compile`` names
         self.slots = None
@@ -52,9 +58,12 @@ class CachedModel:
         return self.runner.model
 
     def begin(self, state) -> None:
-        """A new request: an empty cache for all its rows."""
+        """A new request: an empty cache for all its rows (none for a re-reading runner)."""
         self.slots = self.runner.new_cache(state.batch_size, static_capacity(state) if state.static_shapes else None)
         self.runner.compiled_steps = self.role in state.compile
+        if self.slots is not None:
+            self.slots.prompt_lengths = (state.prompt_width - state.padding_host).to(state.device)
+        self._spec, self._spec_valid = [], []  # a re-reading runner's speculative tokens of this round
         self.fed_host = torch.zeros(state.batch_size, dtype=torch.long)
         self._round_columns = self._catch_up_columns = self._speculative_read = 0
         self._round_start_host = None
@@ -90,6 +99,8 @@ class CachedModel:
         if not self.reading:
             self._round_start_host = state.lengths_host[state.rows_host].clone()
             self._round_start = state.lengths[state.rows]
+        if self.runner.rereads:
+            return self._reread(state, tokens, valid, logits_to_keep, embed, hidden)
         positions = None  # buffer positions matter only to embed and to read_positions (hidden states)
         if embed is not None or hidden:
             positions = self._round_start[:, None] + self._speculative_read + torch.arange(speculative, device=device)
@@ -112,6 +123,54 @@ class CachedModel:
         else:
             self._remember(valid, positions)
         return self._forward(tokens, valid, positions, logits_to_keep, embed, hidden)
+
+    def _reread(self, state, tokens, valid, logits_to_keep, embed, hidden):
+        """``read`` for a ``RereadingRunner``: it gets each row's committed tokens and the round's
+        speculative ones so far, whole, and reads them as generate would. The columns "read" are those
+        a ``SlotCache`` would have read (the unread committed tokens, then ``tokens``), for
+        ``read_positions``."""
+        if embed is not None or hidden:
+            raise ConfigError(f"{type(self.model).__name__} is read from token ids as generate reads it: it takes "
+                              "no input embeddings and hands out no hidden states")
+        device = state.device
+        speculative = tokens.shape[1]
+        if not self._spec:  # the round's first read: the committed tokens not read yet are its first columns
+            _, catch_up_valid, catch_up_positions = state.committed_since(self.fed_host[state.rows_host])
+        else:
+            catch_up_valid = torch.zeros(state.active, 0, dtype=torch.bool, device=device)
+            catch_up_positions = torch.zeros(state.active, 0, dtype=torch.long, device=device)
+        self._spec.append(tokens)
+        self._spec_valid.append(valid)
+        self._speculative_read += speculative
+        read = self._speculative_read
+        positions = self._round_start[:, None] + (read - speculative) + torch.arange(speculative, device=device)
+        self._remember(torch.cat([catch_up_valid, valid], dim=1), positions, catch_up_positions)
+        spec, spec_valid = torch.cat(self._spec, dim=1), torch.cat(self._spec_valid, dim=1)  # [B, read]
+        logits = None
+        lengths_host = self._round_start_host
+        # Rows of one committed length are read together: no padding but the prompt's own, so every
+        # model (those that count padding from the right or from pad ids too) sees generate's inputs.
+        for length in lengths_host.unique().tolist():
+            group_host = (lengths_host == length).nonzero().flatten()
+            group = group_host.to(device, non_blocking=True)
+            rows = state.rows[group]
+            committed = state.sequences[rows, :length]
+            mask = torch.cat([state.token_mask[rows, :length].long(),
+                              torch.ones(group.shape[0], read, dtype=torch.long, device=device)], dim=1)
+            # Columns past a row's last valid speculative token (a shorter draft) repeat that token:
+            # they come after everything scored, so a causal model never sees them.
+            ahead = torch.cat([committed[:, -1:], spec[group]], dim=1)
+            last = ahead.gather(1, spec_valid[group].sum(1, keepdim=True))
+            sequences = torch.cat([committed, torch.where(spec_valid[group], spec[group], last)], dim=1)
+            # A replayed row's cache still holds what it read before this read and still stands.
+            before = self.fed_host[state.rows_host[group_host]] if read == speculative else \
+                lengths_host[group_host] + read - speculative
+            replay = (state.rows_host[group_host].tolist(), before.tolist(), state.prompt_width)
+            out = self.runner.read_sequences(sequences, mask, logits_to_keep, rows=group, replay=replay)
+            if logits is None:
+                logits = out.new_empty(state.active, *out.shape[1:])
+            logits[group] = out
+        return logits
 
     def _remember(self, valid, positions, catch_up_positions=None):
         """Keep the last read's columns for ``read_positions``; return their positions (None if unwanted)."""
@@ -140,14 +199,22 @@ class CachedModel:
         """
         if not self.reading:
             return  # nothing was read this iteration
-        self.slots.drop_tail(self._round_columns, keep_columns=self._catch_up_columns + kept)
         self.fed_host[rows_host] = self._round_start_host + kept_host
-        self._round_columns = self._catch_up_columns = self._speculative_read = 0
         self._round_start_host = self._round_start = None
+        if self.slots is None:  # a re-reading runner: nothing is kept but how far the rows are read
+            self._spec, self._spec_valid = [], []
+            self._speculative_read = 0
+            return
+        self.slots.drop_tail(self._round_columns, keep_columns=self._catch_up_columns + kept)
+        self._round_columns = self._catch_up_columns = self._speculative_read = 0
         self.slots.maybe_compact(self._widest(state, rows_host))
 
     def select_rows(self, state, keep: torch.Tensor) -> None:
         """Finished rows leave the batch; ``state.rows_host`` already holds the rows that stay."""
+        if self.slots is None:  # a re-reading runner frees the caches of the rows that left
+            self.runner.keep_caches(state.rows_host.tolist())
+            self.runner.select_rows(keep)
+            return
         physical = self.slots.select_rows(keep, widest=self._widest(state, state.rows_host))
         if physical is not None:  # the rows the model sees changed (static caches: only when the bucket shrinks)
             self.runner.select_rows(physical)

@@ -22,6 +22,9 @@ from ..errors import ConfigError
 
 FULL, SLIDING, CHUNKED = "full_attention", "sliding_attention", "chunked_attention"
 _ATTENTION_KINDS = (FULL, SLIDING, CHUNKED)
+# A window that only generate's sliding-window cache applies, by evicting slots, under a full mask
+# (Moshi): the prompt, read in one forward, attends fully; every later token sees the last W.
+EVICTED = "evicted_window"
 # What a modeling module calls when its layers really attend through a window or in chunks; a
 # config may carry a sliding_window that its eager and sdpa attention never apply (Moshi).
 _BUILDERS = {SLIDING: "create_sliding_window_causal_mask", CHUNKED: "create_chunked_causal_mask"}
@@ -59,7 +62,11 @@ class AttentionLayout:
             kinds = (FULL,)
         source = _modeling_source(model)
         if source is not None:  # keep only the kinds the model's own code builds masks for
-            kinds = tuple(kind if kind not in _BUILDERS or _BUILDERS[kind] in source else FULL for kind in kinds)
+            # A window the code does not build is still applied by generate's cache when transformers
+            # lays the model's cache out with sliding-window layers: then it bites after the prompt.
+            unbuilt = EVICTED if _generate_cache_evicts(model) else FULL
+            kinds = tuple(kind if kind not in _BUILDERS or _BUILDERS[kind] in source else
+                          (unbuilt if kind == SLIDING else FULL) for kind in kinds)
             kinds = tuple(dict.fromkeys(kinds))
         implementation = getattr(config, "_attn_implementation", None) or "sdpa"
         return cls(kinds, others, window if isinstance(window, int) else None,
@@ -82,7 +89,13 @@ class AttentionLayout:
                 f"{self.implementation!r}; specdec builds its window masks for 'sdpa' or 'eager': load the model "
                 "with attn_implementation='sdpa'"
             )
-        if SLIDING in self.kinds and self.sliding_window is None or CHUNKED in self.kinds and self.chunk_size is None:
+        if EVICTED in self.kinds and len(self.kinds) > 1:
+            raise ConfigError(
+                f"{type(model).__name__} applies its sliding window only through generate's evicting cache, under "
+                f"one mask for every layer, but its layers are {' and '.join(self.kinds)}: specdec cannot build that mask"
+            )
+        if (SLIDING in self.kinds or EVICTED in self.kinds) and self.sliding_window is None or \
+                CHUNKED in self.kinds and self.chunk_size is None:
             raise ConfigError(f"{type(model).__name__}'s config names {self.kinds} layers but no window or chunk size")
 
     def masks(
@@ -92,6 +105,7 @@ class AttentionLayout:
         query_positions: torch.Tensor,  # [B, n] long: positions of the block read now
         dtype: torch.dtype,
         first_query_slot: int | None = None,  # the block's first slot; default: the last n slots
+        prompt_lengths: torch.Tensor | None = None,  # [B] long: real prompt tokens (EVICTED windows)
     ) -> torch.Tensor | dict[str, torch.Tensor]:
         """The prepared 4D mask ``[B, 1, n, L]`` of each attention kind: a tensor if there is one kind,
         else a dict by layer type. A static cache passes its full capacity as L and the block's
@@ -112,6 +126,9 @@ class AttentionLayout:
                 seen = visible & (query_pos - key_pos < self.sliding_window)
             elif kind == CHUNKED:
                 seen = visible & (key_pos // self.chunk_size == query_pos // self.chunk_size)
+            elif kind == EVICTED:  # generate reads the prompt in one forward, with every slot still there
+                in_prompt = query_pos < prompt_lengths[:, None, None]
+                seen = visible & (in_prompt | (query_pos - key_pos < self.sliding_window))
             seen = seen[:, None]  # [B, 1, n, L]
             if self.implementation == "eager":
                 seen = torch.zeros(seen.shape, dtype=dtype, device=seen.device).masked_fill_(~seen, torch.finfo(dtype).min)
@@ -121,6 +138,18 @@ class AttentionLayout:
         for kind in self.others:
             masks[kind] = slot_mask[:, first : first + n].long() if n > 1 else None
         return masks[self.kinds[0]] if len(masks) == 1 else masks
+
+
+def _generate_cache_evicts(model) -> bool:
+    """Whether the cache generate lays out for the model has sliding-window (evicting) layers."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicSlidingWindowLayer
+
+    try:
+        layers = DynamicCache(config=model.config).layers
+    except Exception:  # a config transformers cannot lay a cache out for: it has its own
+        return False
+    return any(type(layer) is DynamicSlidingWindowLayer for layer in layers)
 
 
 def _modeling_source(model) -> str | None:

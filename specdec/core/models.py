@@ -9,6 +9,7 @@ than tokens (an encoder-decoder runner encodes here, once per request).
 from __future__ import annotations
 
 import inspect
+import warnings
 from pathlib import Path
 
 import torch
@@ -16,7 +17,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoModelForSpeechSeq2Seq, Dynam
 from transformers.modeling_outputs import BaseModelOutput
 from transformers.utils import ModelOutput
 
-from ..errors import ConfigError, InputError
+from ..errors import ConfigError, InputError, RereadWarning
 from .cache import SlotCache, static_cache
 from .masks import AttentionLayout
 from .recurrent import config_cache
@@ -24,41 +25,84 @@ from .recurrent import config_cache
 
 _POSITIONS_FROM_CACHE = (
     "it derives its position ids from the cache length (past_key_values_length) instead of taking "
-    "position_ids, so the holes that rejected drafts leave in the cache would shift every later position"
+    "position_ids, so the holes that rejected drafts leave in a cache would shift every later position"
 )
-_NOT_ISOLATED = (
-    "its output differs from generate after rejected drafts (benchmarks/check_architectures.py) and the "
-    "cause is not isolated yet"
-)
-# Architectures that cannot be decoded exactly, and why (docs/architectures.md has the sweep).
-REFUSED_ARCHITECTURES = {
+# Architectures whose cache cannot hold the holes of rejected drafts, and why. runner_for gives
+# them a RereadingRunner: each row's whole sequence as generate prepares it, read with no cache or
+# over a cache per row (exact, and slow: see docs/design.md).
+REREAD_ARCHITECTURES = {
     "gpt_neo": "its local-attention layers apply their window through a fixed buffer indexed by cache slot "
                "(GPTNeoSelfAttention.bias), which the holes of rejected drafts shift",
-    "git": _POSITIONS_FROM_CACHE,
-    "cpmant": _POSITIONS_FROM_CACHE,
+    "git": "with a cache it widens the attention mask by its image tokens (even without an image), so the mask "
+           "no longer lines up with the cache's slots and the holes of rejected drafts show",
+    "cpmant": "it is fed the whole sequence at every step and cuts the cached prefix off by the cache length, and "
+              "counts its padding from the pad ids of the whole sequence, so holes would misalign both",
     "roformer": _POSITIONS_FROM_CACHE,
     "trocr": _POSITIONS_FROM_CACHE,
-    "openai-gpt": "it has no KV cache, so there is no cache to keep the accepted prefix in",
-    "xlm": "it keeps its keys and values in a cache dict of its own, not a transformers Cache",
-    "rwkv": "it keeps its recurrent state in a state tuple outside transformers' cache classes, which "
-            "specdec cannot checkpoint and rewind",
-    "recurrent_gemma": "it keeps its recurrent and attention states inside its layers, not in a transformers "
-                       "Cache that specdec can checkpoint and rewind",
+    "openai-gpt": "it has no KV cache",
+    "xlm": "it keeps no cache in generate and reads each next token from a mask token appended to the sequence",
+    "rwkv": "it keeps its recurrent state in a state tuple outside transformers' cache classes",
+    "recurrent_gemma": "it keeps its recurrent and attention states inside its layers, not in a transformers Cache",
     "minimax": "its lightning-attention state lives in a cache class of its own that refuses DynamicCache",
     "deepseek_v4": "its compressed-attention cache layers keep per-slot compression state that cannot hold holes",
-    "moshi": "its attention applies the sliding window only through generate's sliding-window cache, which "
-             "evicts old slots (the prompt is read with full attention, every later token through the window), "
-             "while its mask is full; specdec's cache keeps every slot",
-    "inkling_text": _NOT_ISOLATED,
+    "inkling_text": "its relative position bias and log scaling count cache slots (InklingAttention: arange over "
+                    "the cache's mask sizes), not position ids, so holes would shift them",
 }
+# Architectures that cannot be decoded exactly at all, and why (docs/architectures.md has the sweep).
+REFUSED_ARCHITECTURES: dict[str, str] = {}
+# Requests on which transformers' own generate gives a row another output than the same row alone,
+# so there is no one output to match (tests/test_architectures.py proves each): model type -> (the
+# request refused, why).
+_GENERATE_DIFFERS = {
+    "rwkv": ("batched", "its one-token steps add a [B, H] state to [B, 1, H] hidden states "
+             "(RwkvSelfAttention.extract_key_value), which broadcasts every row against every other once B > 1"),
+}
+
+
+# Models whose tokens attend to later tokens of the same forward, so that generate's output depends on
+# what it reads together (the prompt at once, then each token alone): the runner replays exactly
+# that, row by row, with a cache it crops back to the kept tokens. Model type -> why.
+_REPLAY_STEPS = {
+    "cpmant": "its attention is bidirectional within a forward (CpmAntModel._prepare_attention_mask sets "
+              "context = 1 for every token)",
+    "git": "once it has a cache it widens the attention mask by its image tokens, even without an image "
+           "(GitModel.forward), which unmasks the prompt's padding for every token read after the prompt",
+}
+# Models whose cache can be cropped but cannot hold holes, and whose forward of a block equals its
+# tokens read one by one: each row keeps a cache of its own too, but reads each new block at once.
+_ROW_BLOCKS = {"gpt_neo", "roformer", "trocr"}
+
+
+def _text_model_type(model: PreTrainedModel) -> str:
+    return model.config.get_text_config(decoder=True).model_type
 
 
 def check_architecture(model: PreTrainedModel) -> None:
     """Refuse, before decoding, a model specdec cannot decode exactly, naming it and the reason."""
-    model_type = model.config.get_text_config(decoder=True).model_type
+    model_type = _text_model_type(model)
     reason = REFUSED_ARCHITECTURES.get(model_type) or REFUSED_ARCHITECTURES.get(model.config.model_type)
     if reason:
         raise ConfigError(f"{type(model).__name__} ({model_type}) cannot be decoded exactly by specdec: {reason}")
+
+
+def check_generate_agrees(model: PreTrainedModel, batch_size: int, padded: bool) -> None:
+    """Refuse, as a target, a request on which transformers' own generate gives a row another output
+    than the same row alone (``_GENERATE_DIFFERS``): there is no one output to match. A draft model
+    is never refused for it: its drafts only change the speed."""
+    model_type = _text_model_type(model)
+    kind, why = _GENERATE_DIFFERS.get(model_type, (None, None))
+    request = {"padded": "left-padded prompts" if padded else None,
+               "batched": "a batch of more than one row" if batch_size > 1 else None}.get(kind)
+    if request:
+        raise InputError(
+            f"{type(model).__name__} ({model_type}) cannot be decoded exactly by specdec on {request}: {why}, "
+            "so there is no one output to match; decode its rows one at a time"
+        )
+
+
+def reread_reason(model: PreTrainedModel) -> str | None:
+    """Why ``model``'s cache cannot hold holes (it is then re-read every forward), or None."""
+    return REREAD_ARCHITECTURES.get(_text_model_type(model)) or REREAD_ARCHITECTURES.get(model.config.model_type)
 
 
 def _accepts(model: PreTrainedModel, argument: str) -> bool:
@@ -142,8 +186,13 @@ class CausalLMRunner:
     once, exactly as an encoder-decoder model's does.
     """
 
+    rereads = False  # reads only what its cache has not seen (see RereadingRunner)
+
     def __init__(self, model: PreTrainedModel):
         check_architecture(model)
+        if reason := reread_reason(model):
+            raise ConfigError(f"{type(model).__name__} ({_text_model_type(model)}) cannot keep a cache with holes: "
+                              f"{reason}; runner_for(model) gives it a RereadingRunner")
         self.model = model
         self._logits_to_keep = _accepts(model, "logits_to_keep")
         # WhisperForCausalLM takes encoder_outputs; BERT/GPT-2-style LMs take encoder_hidden_states,
@@ -258,7 +307,8 @@ class CausalLMRunner:
         attention_mask, position_ids = slots.extend(valid)
         if self.layout.counts_positions or slots.attends and (slots.static or self._prepares_masks(input_ids.device)):
             attention_mask = self.layout.masks(slots.slot_mask, slots.positions, position_ids, self.model.dtype,
-                                               first_query_slot=slots.length - input_ids.shape[1])
+                                               first_query_slot=slots.length - input_ids.shape[1],
+                                               prompt_lengths=slots.prompt_lengths)
         elif not slots.attends:
             attention_mask = valid.long()
         kwargs = {}
@@ -282,6 +332,158 @@ class CausalLMRunner:
         return (logits, slots.to_active(out.hidden_states[-1][:, -input_ids.shape[1]:])) if hidden else logits
 
 
+class RereadingRunner:
+    """Runs a decoder-only LM whose cache cannot hold holes (``REREAD_ARCHITECTURES``) as generate does.
+
+    Every read gets whole sequences: ``CachedModel`` hands it each row's committed tokens
+    (the prompt's left padding and attention mask exactly as ``generate`` saw them) followed by the
+    round's speculative tokens, rows of one length at a time, so there is no padding but the
+    prompt's own. The model's inputs are built by its own ``prepare_inputs_for_generation`` with
+    ``use_cache=False``, and position ids, where the model takes them, exactly as ``generate``
+    makes them from the attention mask. Every token then has the position and the context it has
+    in ``generate``, whatever the model derives positions from. A model whose generate appends a
+    token to read the next one (XLM's mask token) gets one forward per scored position. A model
+    whose forward depends on what is read together (``_REPLAY_STEPS``: CPM-Ant, GIT) is replayed
+    as generate reads it, row by row: the prompt at once, then one token per forward, over a cache
+    of the row's own that is cropped back to its kept tokens. A model whose cache can be cropped
+    but not hold holes (``_ROW_BLOCKS``: GPT-Neo, RoFormer, TrOCR) keeps such a cache per row too,
+    and reads each row's new tokens in one forward: only what is new, not the whole sequence.
+
+    Exact, and costly: read whole, each verification (and each draft step of a draft model)
+    re-reads the whole sequence, so speculation pays only for short sequences; with a cache per
+    row, a read is one forward per row (docs/design.md).
+    """
+
+    rereads = True
+
+    def __init__(self, model: PreTrainedModel):
+        check_architecture(model)
+        self.model = model
+        self.reason = reread_reason(model) or "it was asked to re-read"
+        self._positions = _accepts(model, "position_ids")
+        self._logits_to_keep = _accepts(model, "logits_to_keep")
+        probe = torch.ones(1, 1, dtype=torch.long, device=model.device)
+        prepared = model.prepare_inputs_for_generation(probe, attention_mask=probe, use_cache=False)
+        # XLM-style: the next token is read from a token the model appends (its mask token), so
+        # each scored position needs a forward of its own.
+        self._appends = prepared["input_ids"].shape[1] > probe.shape[1]
+        model_type = _text_model_type(model)
+        self._one_token = model_type in _REPLAY_STEPS
+        self._replays = self._one_token or model_type in _ROW_BLOCKS  # a cache per row
+        self._caches: dict[int, tuple[DynamicCache, int]] = {}  # row id -> its cache, tokens read
+        self._encoder_argument = "encoder_hidden_states" if (
+            _accepts(model, "encoder_hidden_states") and getattr(model.config, "add_cross_attention", False)) else None
+        self.encoder_outputs: ModelOutput | None = None
+        warnings.warn(
+            f"{type(model).__name__} ({_text_model_type(model)}) cannot keep rejected drafts as holes in a cache "
+            f"({self.reason}): specdec re-reads every row's whole sequence at each forward. The output is "
+            "exact; speculation pays only for short sequences.", RereadWarning, stacklevel=2,
+        )
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
+    def cross_attends(self) -> bool:
+        return self._encoder_argument is not None
+
+    def new_cache(self, batch_size: int, capacity: int | None = None) -> None:
+        if capacity is not None:
+            raise ConfigError(
+                f"static_cache: {type(self.model).__name__} ({_text_model_type(self.model)}) is re-read without a "
+                f"cache ({self.reason}), so there is no cache to preallocate; decode it with static_cache=False"
+            )
+        return None
+
+    def begin(self, encoder_outputs=None, **model_inputs) -> ModelOutput | None:
+        self.encoder_outputs = None
+        self._caches = {}
+        if encoder_outputs is not None:
+            if not self.cross_attends:
+                raise ConfigError(f"{type(self.model).__name__} has no cross-attention: it cannot read an encoder output")
+            if self._replays:
+                raise ConfigError(f"{type(self.model).__name__} is replayed row by row: it reads no encoder output")
+            self.encoder_outputs = as_encoder_outputs(encoder_outputs)
+        return self.encoder_outputs
+
+    def select_rows(self, index: torch.Tensor) -> None:
+        if self.encoder_outputs is not None:
+            self.encoder_outputs = select_encoder_rows(self.encoder_outputs, index)
+
+    def keep_caches(self, row_ids: list[int]) -> None:
+        """Only the rows ``row_ids`` (original ids) go on: free the caches of the others."""
+        self._caches = {row: self._caches[row] for row in row_ids if row in self._caches}
+
+    @torch.no_grad()
+    def read_sequences(
+        self,
+        input_ids: torch.Tensor,  # [g, T]: whole sequences of one length
+        attention_mask: torch.Tensor,  # [g, T] long
+        logits_to_keep: int,
+        rows: torch.Tensor | None = None,  # [g] the active rows these are (for the encoder output)
+        replay: tuple | None = None,  # (original row ids, tokens each row's cache may keep, prompt width), host
+    ) -> torch.Tensor:  # [g, logits_to_keep, V]: the logits of the last columns
+        if self._replays:
+            row_ids, kept, prompt_width = replay
+            return torch.cat([self._replay(input_ids[i:i + 1], attention_mask[i:i + 1], logits_to_keep,
+                                           row_ids[i], kept[i], prompt_width) for i in range(len(row_ids))], dim=0)
+        if self._appends:
+            length = input_ids.shape[1]
+            parts = [self._forward(input_ids[:, :end], attention_mask[:, :end], 1, rows).logits[:, -1:]
+                     for end in range(length - logits_to_keep + 1, length + 1)]
+            return torch.cat(parts, dim=1)
+        return self._forward(input_ids, attention_mask, logits_to_keep, rows).logits[:, -logits_to_keep:]
+
+    def _replay(self, input_ids, attention_mask, logits_to_keep: int, row: int, kept: int, prompt_width: int):
+        """One row as generate reads it, over a cache of its own cropped back to the ``kept`` tokens it
+        read before and that still stand: the prompt in one forward, then what is new one token per
+        forward (``_REPLAY_STEPS``) or in one forward (``_ROW_BLOCKS``)."""
+        cache, read = self._caches.get(row, (None, 0))
+        parts = []
+        if cache is None or kept < prompt_width:
+            cache = DynamicCache(config=self.model.config)
+            parts.append(self._step(input_ids[:, :prompt_width], attention_mask[:, :prompt_width], cache, None))
+            kept = prompt_width
+        elif read > kept:  # counted from the end: a model may cache more than it read (CPM-Ant: its own prompt)
+            cache.crop(kept - read)  # a negative count: drop the last read - kept tokens
+        length = input_ids.shape[1]
+        ends = range(kept + 1, length + 1) if self._one_token else [length] if length > kept else []
+        for end in ends:
+            parts.append(self._step(input_ids[:, :end], attention_mask[:, :end], cache, end - kept))
+            kept = end
+        self._caches[row] = (cache, length)
+        logits = torch.cat(parts, dim=1)[:, -logits_to_keep:]
+        if logits.shape[1] < logits_to_keep:  # columns before what was read now are holes: any logits do
+            logits = torch.cat([logits[:, :1].expand(-1, logits_to_keep - logits.shape[1], -1), logits], dim=1)
+        return logits
+
+    def _step(self, input_ids, attention_mask, cache, new: int | None):
+        """generate's forward of the ``new`` last tokens over ``cache`` (None: the prompt, all of them)."""
+        first = new is None
+        kwargs = {"attention_mask": attention_mask, "use_cache": True, "past_key_values": cache}
+        if self._positions:
+            kwargs["position_ids"] = (attention_mask.cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)
+        # generate's decoding steps ask for the new tokens only (a model that needs more, as CPM-Ant
+        # does, overrides prepare_inputs_for_generation to ignore it)
+        inputs = self.model.prepare_inputs_for_generation(input_ids, is_first_iteration=first,
+                                                          next_sequence_length=new, **kwargs)
+        logits = self.model(**inputs).logits
+        return logits if first else logits[:, -new:]
+
+    def _forward(self, input_ids, attention_mask, logits_to_keep, rows):
+        kwargs = {"attention_mask": attention_mask, "use_cache": False}
+        if self._positions:  # as generate makes them (_prepare_position_ids_for_generation)
+            kwargs["position_ids"] = (attention_mask.cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)
+        inputs = self.model.prepare_inputs_for_generation(input_ids, is_first_iteration=True, **kwargs)
+        if self._logits_to_keep and not self._appends:
+            inputs["logits_to_keep"] = logits_to_keep
+        if self.encoder_outputs is not None:
+            encoded = self.encoder_outputs.last_hidden_state
+            inputs[self._encoder_argument] = encoded if rows is None else encoded[rows]
+        return self.model(**inputs)
+
+
 class Seq2SeqRunner:
     """Runs an encoder-decoder model (``WhisperForConditionalGeneration``, ...) on ragged decoder blocks.
 
@@ -292,6 +494,7 @@ class Seq2SeqRunner:
     valid slots, so the model must accept both.
     """
 
+    rereads = False
     REQUIRED = ("encoder_outputs", "decoder_input_ids", "decoder_attention_mask", "decoder_position_ids")
 
     def __init__(self, model: PreTrainedModel):
@@ -411,8 +614,12 @@ def load_seq2seq(model: str | Path, *, dtype, who: str):
             raise speech_error from None
 
 
-def runner_for(model: PreTrainedModel) -> CausalLMRunner | Seq2SeqRunner:
-    """The runner that calls ``model``: encoder-decoder models get a ``Seq2SeqRunner``."""
+def runner_for(model: PreTrainedModel) -> CausalLMRunner | RereadingRunner | Seq2SeqRunner:
+    """The runner that calls ``model``: encoder-decoder models get a ``Seq2SeqRunner``, decoder-only
+    models whose cache cannot hold holes a ``RereadingRunner``, the others a ``CausalLMRunner``."""
     if model.config.is_encoder_decoder:
         return Seq2SeqRunner(model)
+    check_architecture(model)
+    if reread_reason(model):
+        return RereadingRunner(model)
     return CausalLMRunner(model)

@@ -9,7 +9,7 @@ import copy
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel
 
-from ..core.models import as_encoder_outputs, context_length, vocab_size
+from ..core.models import as_encoder_outputs, check_generate_agrees, context_length, vocab_size
 from ..core.state import DecodeState
 from ..core.types import token_id_list
 from ..errors import ConfigError, InputError
@@ -71,6 +71,8 @@ def prepare_request(
     if copies > 1 and processors is None:  # model.generate expands its rows itself
         input_ids, mask, real, encoder_input, encoder_outputs, model_inputs = _repeat_rows(
             copies, input_ids, mask, real, encoder_input, encoder_outputs, model_inputs)
+    if not target.config.is_encoder_decoder:
+        check_generate_agrees(target, input_ids.shape[0], padded=bool((~mask).any()))
     if processors is None:  # a direct call; model.generate (custom_generate) checks its own outputs
         for name, reason in _UNSUPPORTED.items():
             if name != "num_beams" and getattr(config, name, False):

@@ -106,7 +106,7 @@ class HiddenStateDrafter(Drafter):
     _vocab: int = attrs.field(default=0, init=False, repr=False)
 
     def check_target(self, target) -> None:
-        from ..core.models import vocab_size
+        from ..core.models import reread_reason, vocab_size
 
         from .hidden_state_head import HiddenStateHead
 
@@ -120,6 +120,13 @@ class HiddenStateDrafter(Drafter):
             )
         if int(self.head.token_map.max()) >= vocab_size(target):
             raise IncompatibleModelsError(f"{who}: the head's token map reaches past the target's vocabulary")
+        if reason := reread_reason(self.head):
+            # Such models are re-read whole from token ids (core/models.py RereadingRunner); the head
+            # reads embeddings built from the target's hidden states, so it needs a cache with holes.
+            raise IncompatibleModelsError(
+                f"{who}: the head is a one-layer {self.head.config.model_type}, which cannot keep a cache with "
+                f"holes ({reason}); draft for this target with the 'model' or 'ngram' drafter"
+            )
         self.head.to(device=target.device, dtype=target.dtype)
         self.head.attach(weight)
         self._embedding, self._vocab = embedding, int(weight.shape[0])
