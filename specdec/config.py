@@ -33,13 +33,14 @@ from typing import Any
 import attrs
 import torch
 
+from .core.model_cache import cached_model_dir, resolve_model_path
 from .errors import ConfigError
 from .plugins.manager import get_registry
 
 _SECTIONS = {"target", "drafter", "policy", "verifier", "sampling", "observers"}
 _TARGET_KEYS = {"model", "dtype", "device", "attn_implementation", "tokenizer"}
 # Options that name files: resolved against the TOML file's folder when that path exists there.
-_PATH_OPTIONS = {"model", "weights", "path", "tokenizer", "head"}
+_PATH_OPTIONS = {"model", "weights", "path", "tokenizer", "head", "token_map"}
 DTYPES = {
     "auto": "auto",
     "float32": torch.float32,
@@ -275,6 +276,11 @@ class SpecdecConfig:
         return drafter, policy, verifier, observers
 
 
+def resolve_model(value: str | Path, who: str) -> Path:
+    """A model folder from a path or from the name of a model ``specdec models fetch`` converted."""
+    return resolve_model_path(value, who)
+
+
 def _table(data: dict[str, Any], name: str, source: str) -> dict[str, Any]:
     value = data.get(name, {})
     if not isinstance(value, dict):
@@ -291,4 +297,6 @@ def _resolve_paths(options: dict[str, Any], base_dir: Path) -> dict[str, Any]:
                 candidate = base_dir / candidate
             if candidate.exists() or value.startswith((".", "/")) or "/" in value and len(Path(value).parts) != 2:
                 resolved[key] = str(candidate)
+            elif key == "model" and cached_model_dir(value) is not None:
+                resolved[key] = str(cached_model_dir(value))  # a name `specdec models fetch` converted
     return resolved

@@ -320,9 +320,13 @@ class Seq2SeqRunner:
 
 def load_pretrained(auto_class, model: str | Path, *, dtype: torch.dtype | str | None, who: str):
     """Load a model from a local path (or a hub id, when the network allows), naming ``who`` wants it."""
+    from .model_cache import cached_model_dir, missing_model_hint
+
     path = Path(model).expanduser()
+    if not path.exists() and cached_model_dir(str(model)) is not None:
+        path = cached_model_dir(str(model))  # a name `specdec models fetch` converted
     if not path.exists() and (str(model).startswith((".", "/", "~")) or path.suffix or len(path.parts) != 2):
-        raise ConfigError(f"{who}: model path {str(model)!r} does not exist")
+        raise ConfigError(f"{who}: model {str(model)!r} {missing_model_hint(str(model))}")
     try:
         return auto_class.from_pretrained(str(path if path.exists() else model), dtype=dtype).eval()
     except (OSError, ValueError) as exc:
