@@ -33,7 +33,7 @@ from typing import Any
 import attrs
 import torch
 
-from .core.model_cache import cached_model_dir, resolve_model_path
+from .core.model_cache import cached_model_dir, is_bare_name, missing_model_hint, resolve_model_path
 from .errors import ConfigError
 from .plugins.manager import get_registry
 
@@ -220,8 +220,12 @@ class SpecdecConfig:
         """Whether the target's config.json describes an encoder-decoder model (Whisper, T5, ...)."""
         from transformers import AutoConfig
 
+        model = str(self.target["model"])
+        if is_bare_name(model) and not Path(model).expanduser().exists():
+            # Neither a folder nor a fetched model (from_dict resolves those): not worth asking a hub.
+            raise ConfigError(f"{self.source}: [target] model {model!r} {missing_model_hint(model)}")
         try:
-            return bool(AutoConfig.from_pretrained(str(self.target["model"])).is_encoder_decoder)
+            return bool(AutoConfig.from_pretrained(model).is_encoder_decoder)
         except (OSError, ValueError):
             return False  # load_target reports the unreadable model
 

@@ -229,3 +229,42 @@ class TestShippedDraft:
         x = torch.zeros(1, 80, 3000)
         decoder = SpeculativeDecoder(target=target, drafter=SharedEncoderDrafter(model=draft), policy=ConstantLookahead(k=4))
         assert torch.equal(WhisperSpeculativeDecoder(decoder).generate(x, language="en"), target.generate(x, language="en"))
+
+
+class TestModelNames:
+    """``model = "whisper-base"`` in a plugins.toml names the folder ``specdec models fetch`` converted."""
+
+    def test_a_fetched_name_resolves_to_the_cache(self, tmp_path, monkeypatch):
+        from specdec.config import SpecdecConfig
+
+        monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+        folder = tmp_path / "cache" / "models" / "whisper-base"
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text("{}")
+        (tmp_path / "draft").mkdir()
+        (tmp_path / "w.toml").write_text('[target]\nmodel = "whisper-base"\n[drafter]\nuse = "shared-encoder"\nmodel = "draft"\n')
+        config = SpecdecConfig.from_toml(tmp_path / "w.toml")
+        assert config.target["model"] == str(folder)
+        assert config.drafter.options["model"] == str(tmp_path / "draft")
+
+    def test_a_missing_name_says_how_to_fetch(self, tmp_path, monkeypatch):
+        from specdec.config import SpecdecConfig
+
+        monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+        (tmp_path / "w.toml").write_text('[target]\nmodel = "whisper-base"\n[drafter]\nuse = "ngram"\n')
+        config = SpecdecConfig.from_toml(tmp_path / "w.toml")
+        with pytest.raises(ConfigError, match=r"w.toml: \[target\] model 'whisper-base' is neither a folder nor in "
+                                              r"specdec's model cache .*specdec models fetch whisper-base"):
+            config.load_target()
+
+    def test_the_shipped_config_points_at_the_cache_and_this_folder(self, tmp_path, monkeypatch):
+        from specdec.config import SpecdecConfig
+
+        monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+        folder = tmp_path / "cache" / "models" / "whisper-base"
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text("{}")
+        config = SpecdecConfig.from_toml(SHIPPED / "whisper.toml")
+        assert config.target["model"] == str(folder)
+        assert Path(config.drafter.options["model"]).resolve() == SHIPPED.resolve()
+        assert config.drafter.use == "shared-encoder"

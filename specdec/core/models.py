@@ -68,8 +68,11 @@ def _accepts(model: PreTrainedModel, argument: str) -> bool:
 def vocab_size(model: PreTrainedModel) -> int:
     """The width of the model's logits, which is what a draft and a target must agree on."""
     head = model.get_output_embeddings()
-    if head is not None and getattr(head, "weight", None) is not None:
-        return int(head.weight.shape[0])
+    weight = getattr(head, "weight", None) if head is not None else None
+    if callable(weight):  # a dynamically quantised Linear (torch.ao) gives its weight by a call
+        weight = weight()
+    if weight is not None:
+        return int(weight.shape[0])
     return int(model.config.get_text_config(decoder=True).vocab_size)
 
 
