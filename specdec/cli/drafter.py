@@ -113,6 +113,7 @@ def distill_whisper(
     lr: float = typer.Option(3e-4, help="Peak learning rate (AdamW, cosine after a short warm-up)."),
     languages: str = typer.Option("", help="Only utterances of these languages, e.g. en (default: all)."),
     holdout: float = typer.Option(0.05, help="Share of utterances held out to measure top-1 agreement."),
+    train_cross_kv: bool = typer.Option(False, help="Also train the cross-attention key/value projections (3x slower)."),
     cache: Optional[Path] = typer.Option(None, help="Keep the teacher pass (encoder outputs, pseudo-labels) in this file."),
     threads: int = typer.Option(0, help="torch threads (0: torch's default)."),
     seed: int = typer.Option(0, help="Seed for the split, the batches and the order."),
@@ -154,7 +155,7 @@ def distill_whisper(
 
             report = distill_whisper_draft(
                 model, processor, audio_dir, out, layers=layer_ids, vocab=vocab, epochs=epochs, batch_size=batch_size,
-                lr=lr, holdout=holdout, seed=seed, cache=cache, on_progress=on_progress,
+                lr=lr, holdout=holdout, seed=seed, cache=cache, on_progress=on_progress, train_cross_kv=train_cross_kv,
                 languages=[x.strip() for x in languages.split(",") if x.strip()] or None,
             )
     except (SpecdecError, OSError) as exc:

@@ -13,7 +13,8 @@
    its logits kept on the map only (float16).
 4. **Training**: the draft (drafters/shared_encoder_draft.py: layers copied from the target's,
    Distil-Whisper copies the first and the last; the head from the target's output rows of the
-   map; the target's embeddings, frozen) reads the cached encoder output, never the audio, and is
+   map; the target's embeddings, frozen; by default its cross-attention key and value projections
+   too) reads the cached encoder output, never the audio, and is
    trained on cross-entropy with the pseudo-labels plus the KL divergence to the target's
    distribution renormalised over the map (Distil-Whisper's loss: 0.8 CE + 1.0 KL).
 
@@ -248,6 +249,7 @@ def distill_whisper_draft(
     ce_weight: float = 0.8,
     kl_weight: float = 1.0,
     holdout: float = 0.05,
+    train_cross_kv: bool = False,
     languages: Sequence[str] | None = None,
     seed: int = 0,
     cache: str | Path | None = None,
@@ -257,7 +259,8 @@ def distill_whisper_draft(
     ``audio_dir/utterances.json`` (see the module doc) and save it to ``out`` (a folder).
 
     ``layers``: which of the target's decoder layers the draft's layers start from (Distil-Whisper:
-    the first and the last). ``vocab``: tokens in the head. ``cache``: a file for the teacher pass
+    the first and the last). ``vocab``: tokens in the head. ``train_cross_kv``: train the
+    cross-attention key and value projections too (Distil-Whisper does; about 3x the step's cost). ``cache``: a file for the teacher pass
     (encoder outputs and pseudo-labels), reused by a later run on the same audio and target.
     ``on_progress(phase, done, total)`` follows the teacher pass and the training steps.
     """
@@ -283,16 +286,21 @@ def distill_whisper_draft(
 
     # Trained in the target's dtype: the embeddings are the target's own modules (frozen, not copied).
     draft = build_draft(target, token_map, init_layers=list(layers))
-    parameters = [p for name, p in draft.named_parameters() if ".embed_" not in name]
-    shared = [p for name, p in draft.named_parameters() if ".embed_" in name]
-    flags = [p.requires_grad for p in shared]
-    for p in shared:
-        p.requires_grad_(False)  # no gradient for the target's embeddings
+    # Frozen: the target's embeddings (shared), and unless asked the cross-attention key and value
+    # projections, which start as the target's layer's and read the target's encoder output. The
+    # keys and values over 1500 frames are most of a training step's arithmetic; frozen, they
+    # need only their forward pass, a third of what training them costs.
+    frozen = (".embed_",) if train_cross_kv else (".embed_", "encoder_attn.k_proj", "encoder_attn.v_proj")
+    parameters = [p for name, p in draft.named_parameters() if not any(part in name for part in frozen)]
+    fixed = [p for name, p in draft.named_parameters() if any(part in name for part in frozen)]
+    flags = [p.requires_grad for p in fixed]
+    for p in fixed:
+        p.requires_grad_(False)
     try:
         return _train(target, draft, data, teacher, train, test, reduced, token_map, coverage, parameters, out, layers,
                       epochs, batch_size, lr, ce_weight, kl_weight, skip, seed, started, on_progress)
     finally:
-        for p, flag in zip(shared, flags):
+        for p, flag in zip(fixed, flags):
             p.requires_grad_(flag)
 
 
