@@ -2,7 +2,8 @@
 library's docstrings, spoken by espeak-ng, several sentences per utterance.
 
     python benchmarks/build_speech_eval.py --out /tmp/speech-train --split train --generated 400
-    python benchmarks/build_speech_train_prose.py --out /tmp/speech-prose --count 240 --merge /tmp/speech-train
+    python benchmarks/build_speech_train_prose.py --out /tmp/speech-prose --count 200 --merge /tmp/speech-train \
+        --merge-templates 40
 
 Why: the training split's template sentences use about a hundred words, and a draft trained on
 them learns the templates (held-out top-1 75% on them, 25% on the eval sentences). Docstrings are
@@ -75,6 +76,8 @@ def main() -> int:
     parser.add_argument("--count", type=int, default=240, help="utterances to build")
     parser.add_argument("--seconds", type=float, default=20.0, help="join sentences up to about this long")
     parser.add_argument("--merge", type=Path, help="another split to list with these in OUT/all/utterances.json")
+    parser.add_argument("--merge-templates", type=int, default=-1,
+                        help="of --merge's template sentences (ids with 'gen'), keep only the first N (-1: all)")
     args = parser.parse_args()
     if missing_tools():
         raise SystemExit(f"needs {' and '.join(missing_tools())} on PATH")
@@ -102,7 +105,11 @@ def main() -> int:
     (args.out / "utterances.json").write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
     print(f"{len(rows)} utterances, {sum(r['seconds'] for r in rows) / 60:.1f} min, from {len(sentences)} sentences, in {args.out}")
     if args.merge:
-        merged = [dict(r, file=str((args.merge / r["file"]).resolve())) for r in json.loads((args.merge / "utterances.json").read_text())]
+        other = json.loads((args.merge / "utterances.json").read_text())
+        if args.merge_templates >= 0:
+            templates = [r for r in other if "gen" in r["id"]][: args.merge_templates]
+            other = [r for r in other if "gen" not in r["id"]] + templates
+        merged = [dict(r, file=str((args.merge / r["file"]).resolve())) for r in other]
         merged += [dict(r, file=str((args.out / r["file"]).resolve())) for r in rows]
         (args.out / "all").mkdir(exist_ok=True)
         (args.out / "all" / "utterances.json").write_text(json.dumps(merged, indent=1) + "\n", encoding="utf-8")
