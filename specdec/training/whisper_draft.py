@@ -24,6 +24,7 @@ gets right given the label prefix, which is about the acceptance rate of its fir
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -291,21 +292,29 @@ def distill_whisper_draft(
     # keys and values over 1500 frames are most of a training step's arithmetic; frozen, they
     # need only their forward pass, a third of what training them costs.
     frozen = (".embed_",) if train_cross_kv else (".embed_", "encoder_attn.k_proj", "encoder_attn.v_proj")
-    parameters = [p for name, p in draft.named_parameters() if not any(part in name for part in frozen)]
+    with _training(draft, frozen) as parameters:
+        return _fit(target, draft, data, teacher, train, test, reduced, coverage, parameters, out, layers,
+                    epochs, batch_size, lr, ce_weight, kl_weight, skip, seed, started, on_progress)
+
+
+@contextlib.contextmanager
+def _training(draft, frozen: tuple[str, ...]):
+    """The draft's parameters to train (those whose names hold none of ``frozen``); the others do not
+    require gradients meanwhile (the embeddings are the target's: their flags are put back after)."""
     fixed = [p for name, p in draft.named_parameters() if any(part in name for part in frozen)]
     flags = [p.requires_grad for p in fixed]
     for p in fixed:
         p.requires_grad_(False)
     try:
-        return _train(target, draft, data, teacher, train, test, reduced, token_map, coverage, parameters, out, layers,
-                      epochs, batch_size, lr, ce_weight, kl_weight, skip, seed, started, on_progress)
+        yield [p for name, p in draft.named_parameters() if not any(part in name for part in frozen)]
     finally:
         for p, flag in zip(fixed, flags):
             p.requires_grad_(flag)
 
 
-def _train(target, draft, data, teacher, train, test, reduced, token_map, coverage, parameters, out, layers,
-           epochs, batch_size, lr, ce_weight, kl_weight, skip, seed, started, on_progress=None) -> DistillReport:
+def _fit(target, draft, data, teacher, train, test, reduced, coverage, parameters, out, layers,
+         epochs, batch_size, lr, ce_weight, kl_weight, skip, seed, started, on_progress) -> DistillReport:
+    """The training loop of ``distill_whisper_draft``, then the held-out measure and the file."""
     before = heldout_top1(draft, data, test, target.config.vocab_size) if test else float("nan")
     optimizer = torch.optim.AdamW(parameters, lr=lr, weight_decay=0.0)
     steps_per_epoch = math.ceil(len(train) / batch_size)
