@@ -7,7 +7,8 @@
 For every utterance (batch 1, language forced to the utterance's, task transcribe; long-form
 audio in 30-second windows with timestamps, as ``model.generate`` does it): the target's own
 ``generate``, then ``WhisperSpeculativeDecoder`` with each drafter (``ngram``; ``model`` = the
-same checkpoint loaded a second time, so every draft is accepted). The token ids must be
+same checkpoint loaded a second time, so every draft is accepted; ``draft`` = the distilled
+shared-encoder draft of ``models/whisper-base-draft``). The token ids must be
 identical; the script exits 1 otherwise. Prints the WER per language (jiwer, Whisper's
 normalisers; ``speech_wer.py``) and the seconds per utterance of each way of decoding.
 """
@@ -30,7 +31,7 @@ from speech_wer import word_error_rate  # noqa: E402
 
 from specdec import SpeculativeDecoder  # noqa: E402
 from specdec.convert import cached_model_path  # noqa: E402
-from specdec.drafters import ModelDrafter, NGramDrafter  # noqa: E402
+from specdec.drafters import ModelDrafter, NGramDrafter, SharedEncoderDrafter  # noqa: E402
 from specdec.policies import ConstantLookahead  # noqa: E402
 from specdec.verifiers import GreedyVerifier  # noqa: E402
 from specdec.whisper import WhisperSpeculativeDecoder  # noqa: E402
@@ -59,6 +60,8 @@ def main() -> int:
     parser.add_argument("--audio-dir", type=Path, required=True)
     parser.add_argument("--model", default="whisper-base", help="a name fetched into the cache, or a folder")
     parser.add_argument("--drafters", default="ngram,model")
+    parser.add_argument("--draft", type=Path, default=Path(__file__).resolve().parent.parent / "models" / "whisper-base-draft",
+                        help="the shared-encoder draft for the 'draft' drafter")
     parser.add_argument("--k", type=int, default=5, help="constant lookahead")
     parser.add_argument("--limit", type=int, default=0)
     parser.add_argument("--languages", default="en,de,fr")
@@ -79,8 +82,10 @@ def main() -> int:
             drafters[name] = NGramDrafter()
         elif name == "model":
             drafters[name] = ModelDrafter(model=load(str(path))[0])
+        elif name == "draft":  # the distilled reduced-head draft shipped in models/whisper-base-draft
+            drafters[name] = SharedEncoderDrafter(model=str(args.draft))
         elif name:
-            raise SystemExit(f"unknown drafter {name!r} (ngram, model)")
+            raise SystemExit(f"unknown drafter {name!r} (ngram, model, draft)")
     decoders = {name: WhisperSpeculativeDecoder(SpeculativeDecoder(target=target, drafter=drafter, policy=ConstantLookahead(k=args.k),
                                                                   verifier=GreedyVerifier()))
                 for name, drafter in drafters.items()}

@@ -35,6 +35,7 @@ from typing import Any
 import attrs
 import torch
 
+from .core.model_cache import cached_model_dir, is_bare_name, missing_model_hint, resolve_model_path
 from .errors import ConfigError
 from .plugins.manager import get_registry
 
@@ -42,7 +43,7 @@ _SECTIONS = {"target", "drafter", "policy", "verifier", "sampling", "observers"}
 _TARGET_KEYS = {"model", "dtype", "device", "attn_implementation", "tokenizer", "cache", "compile"}
 CACHES = ("dynamic", "static")
 # Options that name files: resolved against the TOML file's folder when that path exists there.
-_PATH_OPTIONS = {"model", "weights", "path", "tokenizer", "head"}
+_PATH_OPTIONS = {"model", "weights", "path", "tokenizer", "head", "token_map"}
 DTYPES = {
     "auto": "auto",
     "float32": torch.float32,
@@ -225,8 +226,12 @@ class SpecdecConfig:
         """Whether the target's config.json describes an encoder-decoder model (Whisper, T5, ...)."""
         from transformers import AutoConfig
 
+        model = str(self.target["model"])
+        if is_bare_name(model) and not Path(model).expanduser().exists():
+            # Neither a folder nor a fetched model (from_dict resolves those): not worth asking a hub.
+            raise ConfigError(f"{self.source}: [target] model {model!r} {missing_model_hint(model)}")
         try:
-            return bool(AutoConfig.from_pretrained(str(self.target["model"])).is_encoder_decoder)
+            return bool(AutoConfig.from_pretrained(model).is_encoder_decoder)
         except (OSError, ValueError):
             return False  # load_target reports the unreadable model
 
@@ -291,6 +296,11 @@ class SpecdecConfig:
         return drafter, policy, verifier, observers
 
 
+def resolve_model(value: str | Path, who: str) -> Path:
+    """A model folder from a path or from the name of a model ``specdec models fetch`` converted."""
+    return resolve_model_path(value, who)
+
+
 def _table(data: dict[str, Any], name: str, source: str) -> dict[str, Any]:
     value = data.get(name, {})
     if not isinstance(value, dict):
@@ -310,4 +320,6 @@ def _resolve_paths(options: dict[str, Any], base_dir: Path) -> dict[str, Any]:
                 candidate = base_dir / candidate
             if candidate.exists() or value.startswith((".", "/")) or "/" in value and len(Path(value).parts) != 2:
                 resolved[key] = str(candidate)
+            elif key == "model" and cached_model_dir(value) is not None:
+                resolved[key] = str(cached_model_dir(value))  # a name `specdec models fetch` converted
     return resolved

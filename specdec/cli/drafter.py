@@ -1,4 +1,5 @@
-"""``specdec drafter train``: fit a ``hidden_state`` drafter head to a target on a text corpus.
+"""``specdec drafter train``: fit a ``hidden_state`` drafter head to a target on a text corpus;
+``specdec drafter distill-whisper``: distil a reduced-head ``shared-encoder`` draft from a Whisper target.
 
 ``drafter_app`` is a typer sub-app; the main CLI mounts it with
 ``app.add_typer(drafter_app, name="drafter")``.
@@ -96,3 +97,69 @@ def train(
         raise typer.Exit(2) from None
     typer.echo(report.summary())
     typer.echo(f'Use it with:\n[drafter]\nuse = "hidden_state"\nhead = "{report.path}"')
+
+
+@drafter_app.command("distill-whisper")
+def distill_whisper(
+    target: str = typer.Option("whisper-base", "--target",
+                               help="The Whisper target: a folder, or a name fetched by `specdec models fetch`."),
+    audio_dir: Path = typer.Option(..., "--audio-dir", help="Training audio with its utterances.json "
+                                   "(benchmarks/build_speech_eval.py --split train)."),
+    out: Path = typer.Option(..., "--out", help="The folder to write draft.safetensors into."),
+    layers: str = typer.Option("0", help="The target's decoder layers the draft's layers start from, e.g. 0 or 0,5."),
+    vocab: int = typer.Option(8192, help="Tokens in the draft's reduced head."),
+    epochs: int = typer.Option(8, help="Passes over the training audio."),
+    batch_size: int = typer.Option(8, help="Utterances per step (and per teacher batch)."),
+    lr: float = typer.Option(3e-4, help="Peak learning rate (AdamW, cosine after a short warm-up)."),
+    languages: str = typer.Option("", help="Only utterances of these languages, e.g. en (default: all)."),
+    holdout: float = typer.Option(0.05, help="Share of utterances held out to measure top-1 agreement."),
+    train_cross_kv: bool = typer.Option(False, help="Also train the cross-attention key/value projections (3x slower)."),
+    cache: Optional[Path] = typer.Option(None, help="Keep the teacher pass (encoder outputs, pseudo-labels) in this file."),
+    threads: int = typer.Option(0, help="torch threads (0: torch's default)."),
+    seed: int = typer.Option(0, help="Seed for the split, the batches and the order."),
+):
+    """Distil a reduced-head shared-encoder draft from a Whisper target on its own transcripts of --audio-dir."""
+    import torch
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from ..config import resolve_model
+    from ..core.models import load_pretrained
+    from ..training.whisper_draft import distill_whisper_draft
+
+    if threads:
+        torch.set_num_threads(threads)
+    console = Console(stderr=True)
+    try:
+        try:
+            layer_ids = [int(part) for part in layers.split(",") if part.strip()]
+        except ValueError:
+            raise InputError(f"--layers must be comma-separated integers, got {layers!r}") from None
+        from transformers import AutoProcessor, WhisperForConditionalGeneration
+
+        path = resolve_model(target, who="--target")
+        with console.status(f"loading {path}"):
+            model = load_pretrained(WhisperForConditionalGeneration, path, dtype=torch.float32, who="--target")
+            processor = AutoProcessor.from_pretrained(str(path))
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TimeRemainingColumn())
+        with Progress(*columns, console=console, transient=False) as progress:
+            tasks: dict[str, int] = {}
+            labels = {"teacher": "target: encoder + transcripts", "teacher logits": "target: distributions",
+                      "train": "draft steps"}
+
+            def on_progress(phase: str, done: int, total: int) -> None:
+                if phase not in tasks:
+                    tasks[phase] = progress.add_task(labels.get(phase, phase), total=total)
+                progress.update(tasks[phase], completed=done, total=total)
+
+            report = distill_whisper_draft(
+                model, processor, audio_dir, out, layers=layer_ids, vocab=vocab, epochs=epochs, batch_size=batch_size,
+                lr=lr, holdout=holdout, seed=seed, cache=cache, on_progress=on_progress, train_cross_kv=train_cross_kv,
+                languages=[x.strip() for x in languages.split(",") if x.strip()] or None,
+            )
+    except (SpecdecError, OSError) as exc:
+        typer.echo(f"Error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(report.summary())
+    typer.echo(f'Use it with:\n[drafter]\nuse = "shared-encoder"\nmodel = "{report.path.parent}"')

@@ -100,7 +100,7 @@ def transcribe_command(
     task: str = typer.Option("transcribe", "--task", help="transcribe, or translate (into English)."),
     batch_size: int = typer.Option(8, "--batch-size", min=1, help="Files decoded together."),
     drafter: Optional[str] = typer.Option(None, "--drafter", help="Override [drafter] use = ... by name."),
-    progress_bar: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar for long audio (stderr)."),
+    progress_bar: bool = typer.Option(True, "--progress/--no-progress", help="Progress bars over the files and through long audio (stderr)."),
 ) -> None:
     """Transcribe (or translate) audio files with a Whisper target and a speculative drafter."""
     from ..config import SpecdecConfig
@@ -145,13 +145,14 @@ def transcribe_command(
     stats = {"drafted": 0, "accepted": 0, "new_tokens": 0, "row_steps": 0, "target_calls": 0, "windows": 0}
     audio_seconds = sum(audio.seconds for audio in audios)
     started = time.perf_counter()
-    progress = None
-    if progress_bar and any(audio.seconds > WINDOW_SECONDS for audio in audios):
+    progress = files_task = None
+    if progress_bar and (len(audios) > 1 or any(audio.seconds > WINDOW_SECONDS for audio in audios)):
         from rich.console import Console
-        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-        progress = Progress(TextColumn("{task.description}"), BarColumn(), TimeRemainingColumn(),
+        progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                             console=Console(stderr=True), transient=True)
+        files_task = progress.add_task("files", total=len(audios))  # and one bar per batch of long audio
         progress.start()
     try:
         for long_form in (False, True):
@@ -163,6 +164,8 @@ def transcribe_command(
                 for name in ("drafted", "accepted", "new_tokens", "row_steps", "target_calls"):
                     stats[name] += getattr(decode, name)
                 stats["windows"] += whisper.stats.windows
+                if progress is not None:
+                    progress.advance(files_task, len(batch))
     except SpecdecError as exc:
         raise fail(str(exc)) from None
     except ValueError as exc:  # transformers' Whisper checks (unknown language, ...)

@@ -16,12 +16,12 @@ from __future__ import annotations
 import datetime
 import importlib.metadata
 import json
-import os
 from pathlib import Path
 from typing import Callable
 
 import attrs
 
+from ..core.model_cache import cache_root
 from ..errors import ConfigError
 from .whisper_ct2 import CT2WhisperFiles, convert_whisper_ct2
 
@@ -138,15 +138,6 @@ KNOWN_MODELS: dict[str, KnownModel] = {
         ),
     )
 }
-
-
-def cache_root() -> Path:
-    """Where converted models live: ``$SPECDEC_CACHE/models``, else ``$XDG_CACHE_HOME/specdec/models``
-    (``~/.cache/specdec/models``)."""
-    if os.environ.get("SPECDEC_CACHE"):
-        return Path(os.environ["SPECDEC_CACHE"]).expanduser() / "models"
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base).expanduser() / "specdec" / "models"
 
 
 def _other_fetchers() -> dict:

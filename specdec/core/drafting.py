@@ -40,6 +40,12 @@ class TokenByToken:
 
     def add(self, scores: torch.Tensor) -> torch.Tensor:  # scores [B, V] fp32, processed -> token [B]
         j, state = self.drafted, self.state
+        # A row whose scores are all -inf has nothing to draft: a reduced-vocabulary draft where the
+        # processors allow only tokens outside its map (Whisper's timestamp grammar forcing a
+        # timestamp). It stops here; scoring it as uniform keeps q finite for the tokens nobody reads.
+        possible = scores.amax(-1) > float("-inf")  # [B]
+        scores = torch.where(possible[:, None], scores, 0.0)
+        self.drafting = self.drafting & possible
         q = torch.softmax(scores, dim=-1)  # [B, V] fp32
         if state.do_sample:
             # q (the target's warpers applied to the draft's scores) is exactly what the token is

@@ -112,8 +112,11 @@ def _accepts(model: PreTrainedModel, argument: str) -> bool:
 def vocab_size(model: PreTrainedModel) -> int:
     """The width of the model's logits, which is what a draft and a target must agree on."""
     head = model.get_output_embeddings()
-    if head is not None and getattr(head, "weight", None) is not None:
-        return int(head.weight.shape[0])
+    weight = getattr(head, "weight", None) if head is not None else None
+    if callable(weight):  # a dynamically quantised Linear (torch.ao) gives its weight by a call
+        weight = weight()
+    if weight is not None:
+        return int(weight.shape[0])
     return int(model.config.get_text_config(decoder=True).vocab_size)
 
 
@@ -594,9 +597,13 @@ def _decoder_layers(model: PreTrainedModel) -> int:
 
 def load_pretrained(auto_class, model: str | Path, *, dtype: torch.dtype | str | None, who: str):
     """Load a model from a local path (or a hub id, when the network allows), naming ``who`` wants it."""
+    from .model_cache import cached_model_dir, missing_model_hint
+
     path = Path(model).expanduser()
+    if not path.exists() and cached_model_dir(str(model)) is not None:
+        path = cached_model_dir(str(model))  # a name `specdec models fetch` converted
     if not path.exists() and (str(model).startswith((".", "/", "~")) or path.suffix or len(path.parts) != 2):
-        raise ConfigError(f"{who}: model path {str(model)!r} does not exist")
+        raise ConfigError(f"{who}: model {str(model)!r} {missing_model_hint(str(model))}")
     try:
         return auto_class.from_pretrained(str(path if path.exists() else model), dtype=dtype).eval()
     except (OSError, ValueError) as exc:

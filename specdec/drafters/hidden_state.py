@@ -41,6 +41,7 @@ if TYPE_CHECKING:  # transformers is imported when the drafter is used, not when
     from transformers import PreTrainedModel
 
     from ..core.cached_model import CachedModel
+    from ..core.reduced_vocab import TokenMap
     from .hidden_state_head import HiddenStateHead
 
 FORMAT = "specdec-hidden-state-head"
@@ -103,10 +104,11 @@ class HiddenStateDrafter(Drafter):
     _embedding = attrs.field(default=None, init=False, repr=False)
     _hidden: torch.Tensor | None = attrs.field(default=None, init=False, repr=False)  # [R, T + 1, H]
     _started: bool = attrs.field(default=False, init=False, repr=False)
-    _vocab: int = attrs.field(default=0, init=False, repr=False)
+    _reduced: TokenMap | None = attrs.field(default=None, init=False, repr=False)
 
     def check_target(self, target) -> None:
         from ..core.models import reread_reason, vocab_size
+        from ..core.reduced_vocab import TokenMap
 
         from .hidden_state_head import HiddenStateHead
 
@@ -118,8 +120,7 @@ class HiddenStateDrafter(Drafter):
             raise IncompatibleModelsError(
                 f"{who}: the head reads hidden states of size {self.head.config.hidden_size}, the target's are {hidden}"
             )
-        if int(self.head.token_map.max()) >= vocab_size(target):
-            raise IncompatibleModelsError(f"{who}: the head's token map reaches past the target's vocabulary")
+        self._reduced = TokenMap.checked(self.head.token_map, vocab_size(target), who, "the head's token map")
         if reason := reread_reason(self.head):
             # Such models are re-read whole from token ids (core/models.py RereadingRunner); the head
             # reads embeddings built from the target's hidden states, so it needs a cache with holes.
@@ -129,7 +130,7 @@ class HiddenStateDrafter(Drafter):
             )
         self.head.to(device=target.device, dtype=target.dtype)
         self.head.attach(weight)
-        self._embedding, self._vocab = embedding, int(weight.shape[0])
+        self._embedding = embedding
 
     def begin(self, state, target) -> None:
         from ..core.cached_model import CachedModel
@@ -167,8 +168,7 @@ class HiddenStateDrafter(Drafter):
             state.draft_calls += 1
             # The predicted hidden state at the last position read feeds the next drafted token.
             self._hidden[state.rows, self._cached.positions[:, -1].clamp(max=last)] = predicted[:, -1]
-            full = torch.full((state.active, 1, self._vocab), float("-inf"), device=state.device)  # [B, 1, V]
-            full[:, 0, self.head.token_map] = logits[:, -1].float()
+            full = self._reduced.expand(logits[:, -1:])  # [B, 1, V], -inf outside the map
             token = draft.add(state.process(full, draft.so_far)[:, 0])  # q is zero outside the token map
             if not draft.more(keep_drafting):
                 break

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..core.reduced_vocab import TokenMap
 from ..errors import ConfigError, IncompatibleModelsError
 from .hidden_state import FORMAT, FORMAT_VERSION, head_config, target_parts
 
@@ -105,12 +106,7 @@ class HiddenStateHead(torch.nn.Module):
                 f"{who}: {path} was trained for a {info.get('model_type')} target of hidden size "
                 f"{info.get('hidden_size')}; this target is a {target_type} of hidden size {hidden}"
             )
-        token_map = tensors["token_map"]
-        if int(token_map.max()) >= weight.shape[0] or int(token_map.min()) < 0:
-            raise IncompatibleModelsError(
-                f"{who}: {path}'s token map holds id {int(token_map.max())}, outside the target's vocabulary of "
-                f"{weight.shape[0]}"
-            )
+        token_map = TokenMap.checked(tensors["token_map"], weight.shape[0], who, f"{path}'s token map").ids
         config = head_config(target.config)
         head = cls(config, token_map)
         missing, unexpected = head.load_state_dict(tensors, strict=False)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # transformers is imported when a drafter is used, not when p
     from transformers import PreTrainedModel
 
     from ..core.cached_model import CachedModel
+    from ..core.reduced_vocab import TokenMap
 
 
 def _model_or_path(instance, attribute, value):
@@ -46,12 +47,17 @@ class ModelDrafter(Drafter):
     """Draft with a small model that shares the target's tokenizer (encoder-decoder for an encoder-decoder target).
 
     ``model``: the draft model, or a path to load it from (in the target's dtype, on its device).
+    ``token_map``: for a draft whose output head scores only a subset of the target's tokens, the
+    full id of each of its outputs (a list, a tensor, or a .json / .safetensors file); a draft
+    model that carries a ``token_map`` buffer needs none (core/reduced_vocab.py).
     """
 
     name = "model"
 
     model: PreTrainedModel | str = attrs.field(validator=_model_or_path)
+    token_map: Any = attrs.field(default=None, kw_only=True)
     _cached: CachedModel | None = attrs.field(default=None, init=False, repr=False)
+    _reduced: TokenMap | None = attrs.field(default=None, init=False, repr=False)
     _drafts_fed: int = attrs.field(default=0, init=False, repr=False)
 
     def check_target(self, target) -> None:
@@ -84,8 +90,23 @@ class ModelDrafter(Drafter):
 
     def _check_vocabulary(self, target) -> None:
         from ..core.models import vocab_size
+        from ..core.reduced_vocab import TokenMap, model_token_map, read_token_map
 
+        who = f"drafter '{self.name}'"
         draft_vocab, target_vocab = vocab_size(self.model), vocab_size(target)
+        ids, source = self.token_map, "its token_map option"
+        if isinstance(ids, (str, Path)):
+            ids, source = read_token_map(ids, who), str(ids)
+        elif ids is None:
+            ids, source = model_token_map(self.model), "the draft model's token map"
+        self._reduced = None
+        if ids is not None:
+            self._reduced = TokenMap.checked(ids, target_vocab, who, source)
+            if self._reduced.size != draft_vocab:
+                raise IncompatibleModelsError(
+                    f"{who}: the draft's head scores {draft_vocab} tokens but {source} maps {self._reduced.size}"
+                )
+            return
         if draft_vocab != target_vocab:
             raise IncompatibleModelsError(
                 f"drafter '{self.name}': the draft model's vocabulary has {draft_vocab} tokens but the "
@@ -118,9 +139,11 @@ class ModelDrafter(Drafter):
         draft = TokenByToken(state, max_tokens)
         fed = None  # the first read of a round catches up on the committed tokens by itself
         while True:
-            logits = self._cached.read(state, fed)[:, -1]  # [B, V]
+            logits = self._cached.read(state, fed)[:, -1].float()  # [B, V] (or [B, V'] from a reduced head)
             state.draft_calls += 1
-            token = draft.add(state.process(logits.float()[:, None], draft.so_far)[:, 0])  # [B]
+            if self._reduced is not None:
+                logits = self._reduced.expand(logits)  # [B, V], -inf outside the map: q is zero there
+            token = draft.add(state.process(logits[:, None], draft.so_far)[:, 0])  # [B]
             if not draft.more(keep_drafting):
                 break
             fed = token[:, None]

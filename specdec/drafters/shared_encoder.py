@@ -34,8 +34,10 @@ def draft_hidden_size(model) -> int | None:
 class SharedEncoderDrafter(ModelDrafter):
     """Draft with a small decoder that cross-attends to the target's encoder output (audio encoded once).
 
-    ``model``: the draft decoder (a ``WhisperForCausalLM``), or a path to load it from with
-    ``AutoModelForCausalLM`` (a Distil-Whisper checkpoint loads its decoder only).
+    ``model``: the draft decoder (a ``WhisperForCausalLM``), or a path to load it from: a draft
+    distilled by ``specdec drafter distill-whisper`` (a folder with ``draft.safetensors``, whose
+    embeddings are the target's; shared_encoder_draft.py), else with ``AutoModelForCausalLM`` (a
+    Distil-Whisper checkpoint loads its decoder only). ``token_map``: see the ``model`` drafter.
     """
 
     name = "shared-encoder"
@@ -51,7 +53,12 @@ class SharedEncoderDrafter(ModelDrafter):
                 f"{who}: the target {type(target).__name__} has no encoder to share; use drafter 'model' or 'ngram'"
             )
         if not isinstance(self.model, PreTrainedModel):
-            self.model = load_pretrained(AutoModelForCausalLM, self.model, dtype=target.dtype, who=who)
+            from .shared_encoder_draft import draft_file, load_shared_encoder_draft
+
+            if draft_file(self.model) is not None:  # a draft distilled by specdec (reduced head, target's embeddings)
+                self.model = load_shared_encoder_draft(self.model, target, who)
+            else:
+                self.model = load_pretrained(AutoModelForCausalLM, self.model, dtype=target.dtype, who=who)
         if self.model.config.is_encoder_decoder:
             raise IncompatibleModelsError(
                 f"{who}: the draft {type(self.model).__name__} has an encoder of its own; load its decoder "

@@ -1,0 +1,279 @@
+"""Speed of speculative transcription on the real whisper-base: base alone, Transformers' assisted
+generation, specdec with the distilled draft, specdec with base's own decoder quantised to int8.
+
+    python benchmarks/build_speech_eval.py --out /tmp/speech-eval
+    specdec models fetch whisper-base
+    OMP_NUM_THREADS=1 python benchmarks/whisper_real_speed.py --audio-dir /tmp/speech-eval --batch-sizes 1,4,16
+
+In one process, contenders interleaved per repeat (so a change in the machine's load hits them
+all), on the eval split's short English utterances (one 30-second window each; language forced to
+English, task transcribe, no timestamps, greedy):
+
+- ``base``: ``WhisperForConditionalGeneration.generate`` (float32).
+- ``hf-assisted`` (batch 1; Transformers supports no other): ``generate(assistant_model=...)``
+  with the distilled draft's layers under base's FULL output head (a ``WhisperForCausalLM``: the
+  reduced head cannot be a Transformers assistant, whose logits must cover the vocabulary). This
+  is the Distil-Whisper recipe: a shallow decoder sharing the teacher's encoder, Transformers'
+  own loop. Its assistant settings are Transformers' defaults (``num_assistant_tokens`` 20,
+  its own schedule), unless ``--hf-assistant-tokens`` is given.
+- ``specdec``: ``WhisperSpeculativeDecoder`` with the ``shared-encoder`` drafter and the shipped
+  draft (``models/whisper-base-draft``: reduced head), the policy given by ``--policy``.
+- ``specdec-int8``: the same loop with base's whole decoder (its six layers and its full head)
+  dynamically quantised to int8 (``torch.ao.quantization.quantize_dynamic`` on every Linear) as a
+  shared-encoder draft: self-speculation, no training.
+
+Per contender and batch size: decoder tokens per second (tokens / (wall - encoder seconds); the
+encoder's forward is timed by a hook, so its time is known in every contender), end-to-end RTFx
+(audio seconds / wall seconds, feature extraction and encoder included), acceptance and tokens per
+target call (specdec's stats), and the share of utterances whose token ids equal base's. Peak
+memory (``--memory``): each contender alone in a fresh process at batch 1, its peak RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import soundfile
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from specdec import SpeculativeDecoder  # noqa: E402
+from specdec.core.model_cache import resolve_model_path  # noqa: E402
+from specdec.drafters import SharedEncoderDrafter  # noqa: E402
+from specdec.drafters.shared_encoder_draft import load_shared_encoder_draft  # noqa: E402
+from specdec.policies import ConstantLookahead, CostAwareLookahead, HeuristicLookahead  # noqa: E402
+from specdec.whisper import WhisperSpeculativeDecoder  # noqa: E402
+
+DEFAULT_DRAFT = ROOT / "models" / "whisper-base-draft"
+
+
+def load_target(name: str):
+    from transformers import WhisperForConditionalGeneration, WhisperProcessor
+
+    path = resolve_model_path(name, "--model")
+    model = WhisperForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
+    return model, WhisperProcessor.from_pretrained(path)
+
+
+def full_head_assistant(draft, target):
+    """The distilled draft's layers under the target's full output head: a Transformers assistant."""
+    from transformers import WhisperForCausalLM
+
+    config = copy.deepcopy(draft.config)
+    config.tie_word_embeddings = True
+    with torch.device("meta"):
+        assistant = WhisperForCausalLM(config)
+    assistant.model.decoder.embed_tokens = target.model.decoder.embed_tokens
+    assistant.model.decoder.embed_positions = target.model.decoder.embed_positions
+    assistant.model.decoder.layers = draft.model.decoder.layers
+    assistant.model.decoder.layer_norm = draft.model.decoder.layer_norm
+    assistant.proj_out = target.proj_out  # tied to the embeddings, as base's is
+    assistant.generation_config = copy.deepcopy(target.generation_config)
+    return assistant.eval()
+
+
+def int8_decoder(target):
+    """Base's decoder (all layers, full head) as a WhisperForCausalLM, every Linear dynamically int8."""
+    from torch.ao.quantization import quantize_dynamic
+    from transformers import WhisperForCausalLM
+
+    decoder = WhisperForCausalLM(copy.deepcopy(target.config))
+    decoder.model.decoder.load_state_dict(target.model.decoder.state_dict())
+    decoder.proj_out.weight = torch.nn.Parameter(target.proj_out.weight.detach().clone())
+    decoder.generation_config = copy.deepcopy(target.generation_config)
+    return quantize_dynamic(decoder.eval(), {torch.nn.Linear}, dtype=torch.qint8)
+
+
+def make_policy(text: str):
+    kind, _, value = text.partition(":")
+    if kind == "constant":
+        return ConstantLookahead(k=int(value or 4))
+    if kind == "heuristic":
+        return HeuristicLookahead(initial=int(value or 4))
+    if kind == "cost-aware":
+        return CostAwareLookahead(max_k=int(value or 8))
+    raise SystemExit(f"--policy {text!r}: constant:K, heuristic:K or cost-aware:MAXK")
+
+
+class EncoderClock:
+    """Seconds spent in the target's encoder forward (a hook), reset per call."""
+
+    def __init__(self, target):
+        self.seconds, self._start = 0.0, None
+        encoder = target.model.encoder
+        encoder.register_forward_pre_hook(self._pre)
+        encoder.register_forward_hook(self._post)
+
+    def _pre(self, *args):
+        self._start = time.perf_counter()
+
+    def _post(self, *args):
+        self.seconds += time.perf_counter() - self._start
+
+
+def new_tokens(ids: torch.Tensor, eot: int) -> int:
+    return int((ids != eot).sum())
+
+
+def contenders(target, draft, policy: str, int8, assistant, hf_tokens: int | None):
+    """name -> (batch sizes it runs at, fn(features) -> (ids, stats or None))."""
+
+    def base(x):
+        return target.generate(x, language="en", task="transcribe"), None
+
+    def assisted(x):
+        kwargs = {} if hf_tokens is None else {"num_assistant_tokens": hf_tokens, "num_assistant_tokens_schedule": "constant"}
+        return target.generate(x, language="en", task="transcribe", assistant_model=assistant, **kwargs), None
+
+    def speculative(model):
+        def run(x):
+            decoder = SpeculativeDecoder(target=target, drafter=SharedEncoderDrafter(model=model), policy=make_policy(policy))
+            whisper = WhisperSpeculativeDecoder(decoder)
+            return whisper.generate(x, language="en", task="transcribe"), whisper.stats
+
+        return run
+
+    out = {"base": (None, base), "specdec": (None, speculative(draft))}
+    if assistant is not None:
+        out["hf-assisted"] = ({1}, assisted)
+    if int8 is not None:
+        out["specdec-int8"] = (None, speculative(int8))
+    return out
+
+
+def load_utterances(audio_dir: Path, limit: int):
+    rows = json.loads((audio_dir / "utterances.json").read_text())
+    rows = [r for r in rows if r["language"] == "en" and r["seconds"] <= 30.0]
+    return rows[:limit] if limit else rows
+
+
+def features_for(processor, rows, audio_dir):
+    audio = [soundfile.read(str(audio_dir / r["file"]), dtype="float32")[0] for r in rows]
+    return processor.feature_extractor(audio, sampling_rate=16000, return_tensors="pt").input_features
+
+
+def measure(args) -> dict:
+    torch.set_num_threads(args.threads)
+    target, processor = load_target(args.model)
+    draft = load_shared_encoder_draft(args.draft, target)
+    eot = target.generation_config.eos_token_id
+    clock = EncoderClock(target)
+    wanted = set(args.contenders.split(","))
+    assistant = full_head_assistant(draft, target) if "hf-assisted" in wanted else None
+    int8 = int8_decoder(target) if "specdec-int8" in wanted else None
+    runs = {name: value for name, value in contenders(target, draft, args.policy, int8, assistant,
+                                                      args.hf_assistant_tokens).items() if name in wanted}
+    rows = load_utterances(args.audio_dir, args.limit)
+    audio_seconds = [r["seconds"] for r in rows]
+    results = {}
+    for batch in [int(b) for b in args.batch_sizes.split(",")]:
+        chunks = [list(range(i, min(i + batch, len(rows)))) for i in range(0, len(rows), batch)]
+        names = [n for n, (sizes, _) in runs.items() if sizes is None or batch in sizes]
+        table = {n: dict(wall=[], encoder=[], tokens=0, same=0, drafted=0, accepted=0, row_steps=0) for n in names}
+        reference = {}
+        for repeat in range(args.repeats):
+            for chunk in chunks:
+                started = time.perf_counter()
+                x = features_for(processor, [rows[i] for i in chunk], args.audio_dir)
+                extract = time.perf_counter() - started
+                order = names if repeat % 2 == 0 else names[::-1]  # interleaved, alternating order
+                for name in order:
+                    clock.seconds = 0.0
+                    started = time.perf_counter()
+                    with torch.no_grad():
+                        ids, stats = runs[name][1](x)
+                    wall = time.perf_counter() - started + extract
+                    entry = table[name]
+                    entry["wall"].append(wall)
+                    entry["encoder"].append(clock.seconds + extract)
+                    if repeat == 0:
+                        entry["tokens"] += new_tokens(ids, eot)
+                        for row, i in enumerate(chunk):
+                            tokens = [t for t in ids[row].tolist() if t != eot]
+                            if name == "base":
+                                reference[i] = tokens
+                            entry.setdefault("ids", {})[i] = tokens
+                        if stats is not None:
+                            entry["drafted"] += stats.decode.drafted
+                            entry["accepted"] += stats.decode.accepted
+                            entry["row_steps"] += stats.decode.row_steps
+                            entry["new"] = entry.get("new", 0) + stats.decode.new_tokens
+        summary = {}
+        for name, entry in table.items():
+            per_repeat = len(chunks)
+            walls = [sum(entry["wall"][r * per_repeat:(r + 1) * per_repeat]) for r in range(args.repeats)]
+            encs = [sum(entry["encoder"][r * per_repeat:(r + 1) * per_repeat]) for r in range(args.repeats)]
+            wall, enc = statistics.median(walls), statistics.median(encs)
+            same = sum(entry["ids"][i] == reference[i] for i in reference)
+            summary[name] = dict(
+                wall_s=wall, encoder_s=enc, decoder_s=wall - enc, tokens=entry["tokens"],
+                decoder_tokens_per_s=entry["tokens"] / max(wall - enc, 1e-9),
+                rtfx=sum(audio_seconds) / wall, identical=f"{same}/{len(reference)}",
+                acceptance=entry["accepted"] / entry["drafted"] if entry["drafted"] else None,
+                tokens_per_target_call=entry["new"] / entry["row_steps"] if entry.get("row_steps") else None,
+                walls=walls,
+            )
+        base = summary.get("base")
+        for name, s in summary.items():
+            if base:
+                s["decoder_speedup"] = base["decoder_s"] / s["decoder_s"]
+                s["end_to_end_speedup"] = base["wall_s"] / s["wall_s"]
+        results[batch] = summary
+        print(json.dumps({"batch": batch, **{n: {k: v for k, v in s.items() if k != "walls"} for n, s in summary.items()}},
+                         indent=1), flush=True)
+    return results
+
+
+def memory_of(args, name: str) -> float:
+    """Peak RSS (MiB) of a fresh process that loads everything ``name`` needs and transcribes at batch 1."""
+    command = [sys.executable, __file__, "--audio-dir", str(args.audio_dir), "--model", args.model, "--draft",
+               str(args.draft), "--batch-sizes", "1", "--repeats", "1", "--limit", "2", "--contenders", name,
+               "--policy", args.policy, "--threads", str(args.threads), "--peak-rss"]
+    out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    return float(out.strip().splitlines()[-1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--audio-dir", type=Path, required=True)
+    parser.add_argument("--model", default="whisper-base", help="a name fetched into the cache, or a folder")
+    parser.add_argument("--draft", type=Path, default=DEFAULT_DRAFT)
+    parser.add_argument("--batch-sizes", default="1,4,16")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--limit", type=int, default=0, help="only the first N English utterances")
+    parser.add_argument("--policy", default="constant:4", help="constant:K | heuristic:K | cost-aware:MAXK")
+    parser.add_argument("--contenders", default="base,hf-assisted,specdec,specdec-int8")
+    parser.add_argument("--hf-assistant-tokens", type=int, default=None)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--memory", action="store_true", help="also each contender's peak RSS in a fresh process")
+    parser.add_argument("--peak-rss", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--json", type=Path, help="write the results here")
+    args = parser.parse_args()
+    results = measure(args)
+    if args.peak_rss:
+        print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+        return 0
+    info = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": platform.processor() or "",
+            "load": os.getloadavg(), "threads": args.threads, "policy": args.policy, "results": results}
+    if args.memory:
+        info["peak_rss_mib"] = {name: memory_of(args, name) for name in args.contenders.split(",")}
+        print(json.dumps(info["peak_rss_mib"]), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(info, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

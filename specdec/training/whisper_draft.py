@@ -1,0 +1,391 @@
+"""Distilling a reduced-head ``shared-encoder`` draft from a Whisper target, the Distil-Whisper way.
+
+1. **Teacher pass, once** (cached in a file): the target's encoder output for every training
+   utterance (one 30-second window each, [1500, d_model], kept in float16), and the target's own
+   greedy transcript of it (``generate`` with the utterance's language forced, no timestamps): the
+   pseudo-labels.
+2. **Token map**: the tokens the target says most often in its pseudo-labels, then, to fill the
+   head, the lowest ids (BPE merge order, roughly frequency order in the tokenizer's corpus); always
+   the tokens Whisper's prompt and processors need (eot, sot, the task and language tokens,
+   notimestamps). Timestamps are not drafted (the labels have none): where the timestamp grammar
+   forces one, the draft stops and the target decodes that token itself.
+3. **Teacher distributions**: one teacher-forced forward of the target's decoder over each label,
+   its logits kept on the map only (float16).
+4. **Training**: the draft (drafters/shared_encoder_draft.py: layers copied from the target's,
+   Distil-Whisper copies the first and the last; the head from the target's output rows of the
+   map; the target's embeddings, frozen; by default its cross-attention key and value projections
+   too) reads the cached encoder output, never the audio, and is
+   trained on cross-entropy with the pseudo-labels plus the KL divergence to the target's
+   distribution renormalised over the map (Distil-Whisper's loss: 0.8 CE + 1.0 KL).
+
+Held-out utterances measure top-1 agreement: the share of label tokens the draft's greedy choice
+gets right given the label prefix, which is about the acceptance rate of its first draft token.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+import attrs
+import torch
+
+from ..core.reduced_vocab import TokenMap
+from ..drafters.shared_encoder_draft import WhisperDraftDecoder, build_draft, save_shared_encoder_draft
+from ..errors import InputError
+
+Progress = Callable[[str, int, int], None]
+
+
+@attrs.frozen
+class Utterance:
+    path: Path
+    language: str
+    seconds: float
+
+
+def read_utterances(audio_dir: str | Path, languages: Sequence[str] | None = None) -> list[Utterance]:
+    """The utterances listed in ``audio_dir/utterances.json`` (``benchmarks/build_speech_eval.py``'s
+    format: file, language, seconds), of ``languages`` only when given; 30 s at most each."""
+    audio_dir = Path(audio_dir).expanduser()
+    listing = audio_dir / "utterances.json"
+    if not listing.is_file():
+        raise InputError(f"{listing} does not exist: build the training split with "
+                         "benchmarks/build_speech_eval.py --split train")
+    try:
+        rows = json.loads(listing.read_text(encoding="utf-8"))
+        out = [Utterance(audio_dir / row["file"], row["language"], float(row["seconds"])) for row in rows]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise InputError(f"{listing}: not a list of utterances with file, language and seconds: {exc}") from None
+    out = [u for u in out if (not languages or u.language in languages) and u.seconds <= 30.0]
+    if len(out) < 2:
+        raise InputError(f"{listing}: fewer than two utterances of at most 30 s{' in ' + ','.join(languages) if languages else ''}")
+    return out
+
+
+@attrs.frozen
+class TeacherData:
+    """What the target says about the training audio, computed once."""
+
+    encoder_states: torch.Tensor  # [N, frames, D] float16
+    labels: list[list[int]]  # per utterance: prompt tokens, the transcript, eot
+    prompt_length: int  # tokens of the prompt (sot, language, task, notimestamps)
+
+
+def prompt_ids(target, language: str) -> list[int]:
+    config = target.generation_config
+    lang = config.lang_to_id.get(f"<|{language}|>") if getattr(config, "lang_to_id", None) else None
+    tokens = [config.decoder_start_token_id]
+    if lang is not None:
+        tokens += [lang, config.task_to_id["transcribe"]]
+    return tokens + [config.no_timestamps_token_id]
+
+
+@torch.no_grad()
+def teacher_pass(target, processor, utterances: Sequence[Utterance], batch_size: int = 8,
+                 on_progress: Progress | None = None) -> TeacherData:
+    """The target's encoder output and greedy transcript of every utterance (see the module doc)."""
+    from transformers.modeling_outputs import BaseModelOutput
+
+    from ..audio import read_audio
+
+    states, labels = [], []
+    eot = target.generation_config.eos_token_id
+    eot = eot[0] if isinstance(eot, list) else eot
+    for start in range(0, len(utterances), batch_size):
+        batch = utterances[start : start + batch_size]
+        audio = [read_audio(u.path).samples for u in batch]
+        features = processor.feature_extractor(audio, sampling_rate=16000, return_tensors="pt").input_features
+        features = features.to(device=target.device, dtype=target.dtype)
+        encoded = target.model.encoder(features).last_hidden_state  # [b, frames, D]
+        out = target.generate(features, encoder_outputs=BaseModelOutput(last_hidden_state=encoded),
+                              language=[u.language for u in batch], task="transcribe", return_timestamps=False)
+        for row, u in enumerate(batch):
+            text = [int(t) for t in out[row].tolist() if int(t) != eot]
+            labels.append(prompt_ids(target, u.language) + text + [eot])
+        states.append(encoded.to(torch.float16).cpu())
+        if on_progress is not None:
+            on_progress("teacher", min(start + batch_size, len(utterances)), len(utterances))
+    lengths = {len(prompt_ids(target, u.language)) for u in utterances}
+    return TeacherData(torch.cat(states), labels, max(lengths))
+
+
+def cached_teacher_pass(target, processor, utterances, cache: str | Path | None, batch_size: int = 8,
+                        on_progress: Progress | None = None) -> TeacherData:
+    """``teacher_pass``, kept in ``cache`` (keyed by the audio files' bytes, the target's config and
+    weights); a cache for other audio or another target is recomputed."""
+    if cache is None:
+        return teacher_pass(target, processor, utterances, batch_size, on_progress)
+    digest = hashlib.sha256(target.config.to_json_string(use_diff=False).encode())
+    digest.update(str(target.dtype).encode())
+    for parameter in list(target.parameters())[:: max(1, len(list(target.parameters())) // 16)]:
+        digest.update(parameter.detach().float().cpu().numpy().tobytes()[:4096])
+    for u in utterances:
+        digest.update(u.language.encode() + Path(u.path).read_bytes())
+    key = digest.hexdigest()
+    cache = Path(cache).expanduser()
+    if cache.is_file():
+        try:
+            saved = torch.load(cache, map_location="cpu", weights_only=True)
+            if saved.get("key") == key:
+                if on_progress is not None:
+                    on_progress("teacher", len(utterances), len(utterances))
+                return TeacherData(saved["encoder_states"], saved["labels"], int(saved["prompt_length"]))
+        except Exception:  # noqa: BLE001 - a broken cache is recomputed
+            pass
+    data = teacher_pass(target, processor, utterances, batch_size, on_progress)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    temporary = cache.with_name(cache.name + ".tmp")
+    torch.save({"key": key, "encoder_states": data.encoder_states, "labels": data.labels,
+                "prompt_length": data.prompt_length}, temporary)
+    temporary.replace(cache)
+    return data
+
+
+def special_tokens(target) -> list[int]:
+    """The tokens Whisper's prompt and processors use: eot, sot, notimestamps, tasks, languages."""
+    config = target.generation_config
+    ids = [config.decoder_start_token_id, config.no_timestamps_token_id]
+    eos = config.eos_token_id
+    ids += eos if isinstance(eos, list) else [eos]
+    ids += list((getattr(config, "task_to_id", None) or {}).values())
+    ids += list((getattr(config, "lang_to_id", None) or {}).values())
+    return sorted({int(i) for i in ids if i is not None})
+
+
+def choose_token_map(labels: Sequence[Sequence[int]], vocab: int, size: int, always: Sequence[int],
+                     skip: int = 0) -> tuple[torch.Tensor, float]:
+    """``size`` token ids: ``always``, then the most frequent label tokens (after each label's first
+    ``skip``, the prompt), then the lowest ids not yet chosen. Returns them sorted, and the share
+    of label tokens they cover."""
+    if size < len(set(always)) + 1 or size > vocab:
+        raise InputError(f"the token map needs between {len(set(always)) + 1} and {vocab} tokens, got {size}")
+    counts = torch.zeros(vocab, dtype=torch.long)
+    for label in labels:
+        counts += torch.bincount(torch.tensor(label[skip:], dtype=torch.long), minlength=vocab)
+    chosen = list(dict.fromkeys(int(t) for t in always))
+    taken = set(chosen)
+    seen = counts.argsort(descending=True, stable=True)
+    seen = [int(t) for t in seen[: int((counts > 0).sum())]]
+    for token in seen + list(range(vocab)):
+        if len(chosen) >= size:
+            break
+        if token not in taken:
+            chosen.append(token)
+            taken.add(token)
+    ids = torch.tensor(sorted(chosen))
+    coverage = float(counts[ids].sum()) / max(int(counts.sum()), 1)
+    return ids, coverage
+
+
+@torch.no_grad()
+def teacher_logits(target, data: TeacherData, token_map: torch.Tensor, batch_size: int = 8,
+                   on_progress: Progress | None = None) -> list[torch.Tensor]:
+    """Per utterance, the target's logits over the map at every label position ([T - 1, V'] float16)."""
+    out = []
+    ids = token_map.to(target.device)
+    for start in range(0, len(data.labels), batch_size):
+        labels = data.labels[start : start + batch_size]
+        inputs, _ = _padded([label[:-1] for label in labels])
+        encoded = data.encoder_states[start : start + batch_size].to(device=target.device, dtype=target.dtype)
+        logits = target(encoder_outputs=(encoded,), decoder_input_ids=inputs.to(target.device)).logits  # [b, T, V]
+        for row, label in enumerate(labels):
+            out.append(logits[row, : len(label) - 1][:, ids].to(torch.float16).cpu())
+        if on_progress is not None:
+            on_progress("teacher logits", min(start + batch_size, len(data.labels)), len(data.labels))
+    return out
+
+
+def _padded(rows: Sequence[Sequence[int]], fill: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded [B, T] ids and a [B, T] bool mask of the real ones (causal models never look
+    right, so right padding changes nothing for the real positions)."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), fill, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.bool)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+        mask[i, : len(row)] = True
+    return ids, mask
+
+
+@attrs.frozen
+class DistillReport:
+    """What ``distill_whisper_draft`` trained, and how well the draft agrees with the target on held-out audio."""
+
+    draft: WhisperDraftDecoder
+    utterances: int  # training utterances
+    tokens: int  # training label tokens (after the prompt)
+    steps: int
+    losses: list[float]
+    heldout_top1_before: float  # the initial draft (copied layers), for comparison
+    heldout_top1: float
+    map_coverage: float  # share of the pseudo-labels' tokens the token map holds
+    seconds: float
+    path: Path | None = None
+
+    def summary(self) -> str:
+        where = f", saved to {self.path}" if self.path else ""
+        return (f"{self.steps} steps over {self.utterances} utterances ({self.tokens} label tokens) in "
+                f"{self.seconds:.0f}s: loss {self.losses[0]:.3f} -> {self.losses[-1]:.3f}; held-out top-1 "
+                f"{self.heldout_top1_before:.1%} -> {self.heldout_top1:.1%}; the token map covers "
+                f"{self.map_coverage:.1%} of the target's tokens{where}")
+
+
+def distill_whisper_draft(
+    target,
+    processor,
+    audio_dir: str | Path,
+    out: str | Path | None = None,
+    *,
+    layers: Sequence[int] = (0,),
+    vocab: int = 8192,
+    epochs: int = 8,
+    batch_size: int = 8,
+    lr: float = 3e-4,
+    ce_weight: float = 0.8,
+    kl_weight: float = 1.0,
+    holdout: float = 0.05,
+    train_cross_kv: bool = False,
+    languages: Sequence[str] | None = None,
+    seed: int = 0,
+    cache: str | Path | None = None,
+    on_progress: Progress | None = None,
+) -> DistillReport:
+    """Train a reduced-head shared-encoder draft for the Whisper ``target`` on the audio listed in
+    ``audio_dir/utterances.json`` (see the module doc) and save it to ``out`` (a folder).
+
+    ``layers``: which of the target's decoder layers the draft's layers start from (Distil-Whisper:
+    the first and the last). ``vocab``: tokens in the head. ``train_cross_kv``: train the
+    cross-attention key and value projections too (Distil-Whisper does; about 3x the step's cost). ``cache``: a file for the teacher pass
+    (encoder outputs and pseudo-labels), reused by a later run on the same audio and target.
+    ``on_progress(phase, done, total)`` follows the teacher pass and the training steps.
+    """
+    decoder_layers = target.config.decoder_layers
+    if not layers or any(not 0 <= i < decoder_layers for i in layers):
+        raise InputError(f"layers must be indices of the target's {decoder_layers} decoder layers, got {list(layers)}")
+    if epochs < 1 or batch_size < 1 or not 0.0 <= holdout < 1.0 or lr <= 0:
+        raise InputError("epochs and batch_size must be >= 1, holdout in [0, 1), lr > 0")
+    started = time.perf_counter()
+    torch.manual_seed(seed)
+    target.eval()
+    utterances = read_utterances(audio_dir, languages)
+    data = cached_teacher_pass(target, processor, utterances, cache, batch_size, on_progress)
+    order = torch.randperm(len(utterances), generator=torch.Generator().manual_seed(seed)).tolist()
+    held = max(1, round(len(order) * holdout)) if holdout else 0
+    test, train = order[:held], order[held:]
+    skip = data.prompt_length
+    token_map, coverage = choose_token_map([data.labels[i] for i in train], target.config.vocab_size, vocab,
+                                           special_tokens(target), skip=skip)
+    teacher = teacher_logits(target, data, token_map, batch_size, on_progress)
+    reduced = torch.full((target.config.vocab_size,), -100, dtype=torch.long)  # full id -> reduced id
+    reduced[token_map] = torch.arange(token_map.numel())
+
+    # Trained in the target's dtype: the embeddings are the target's own modules (frozen, not copied).
+    draft = build_draft(target, token_map, init_layers=list(layers))
+    # Frozen: the target's embeddings (shared), and unless asked the cross-attention key and value
+    # projections, which start as the target's layer's and read the target's encoder output. The
+    # keys and values over 1500 frames are most of a training step's arithmetic; frozen, they
+    # need only their forward pass, a third of what training them costs.
+    frozen = (".embed_",) if train_cross_kv else (".embed_", "encoder_attn.k_proj", "encoder_attn.v_proj")
+    with _training(draft, frozen) as parameters:
+        return _fit(target, draft, data, teacher, train, test, reduced, coverage, parameters, out, layers,
+                    epochs, batch_size, lr, ce_weight, kl_weight, skip, seed, started, on_progress)
+
+
+@contextlib.contextmanager
+def _training(draft, frozen: tuple[str, ...]):
+    """The draft's parameters to train (those whose names hold none of ``frozen``); the others do not
+    require gradients meanwhile (the embeddings are the target's: their flags are put back after)."""
+    fixed = [p for name, p in draft.named_parameters() if any(part in name for part in frozen)]
+    flags = [p.requires_grad for p in fixed]
+    for p in fixed:
+        p.requires_grad_(False)
+    try:
+        yield [p for name, p in draft.named_parameters() if not any(part in name for part in frozen)]
+    finally:
+        for p, flag in zip(fixed, flags):
+            p.requires_grad_(flag)
+
+
+def _fit(target, draft, data, teacher, train, test, reduced, coverage, parameters, out, layers,
+         epochs, batch_size, lr, ce_weight, kl_weight, skip, seed, started, on_progress) -> DistillReport:
+    """The training loop of ``distill_whisper_draft``, then the held-out measure and the file."""
+    before = heldout_top1(draft, data, test, target.config.vocab_size) if test else float("nan")
+    optimizer = torch.optim.AdamW(parameters, lr=lr, weight_decay=0.0)
+    steps_per_epoch = math.ceil(len(train) / batch_size)
+    total = steps_per_epoch * epochs
+    warmup = max(1, total // 20)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: (s + 1) / warmup if s < warmup else 0.5 * (1 + math.cos(math.pi * (s - warmup) / max(1, total - warmup))))
+    generator = torch.Generator().manual_seed(seed)
+    losses: list[float] = []
+    draft.train()
+    for epoch in range(epochs):
+        shuffled = [train[i] for i in torch.randperm(len(train), generator=generator).tolist()]
+        for start in range(0, len(shuffled), batch_size):
+            rows = shuffled[start : start + batch_size]
+            loss = _loss(draft, data, teacher, rows, reduced, skip, ce_weight, kl_weight)
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(parameters, 1.0)
+            optimizer.step()
+            scheduler.step()
+            losses.append(float(loss.detach()))
+            if on_progress is not None:
+                on_progress("train", len(losses), total)
+    draft.eval()
+    for p in parameters:
+        p.requires_grad_(False)
+    after = heldout_top1(draft, data, test, target.config.vocab_size) if test else float("nan")
+    path = None
+    if out is not None:
+        path = save_shared_encoder_draft(draft, out, metadata={
+            "init_layers": json.dumps(list(layers)), "heldout_top1": f"{after:.4f}", "map_coverage": f"{coverage:.4f}",
+            "training_utterances": str(len(train)), "epochs": str(epochs),
+            "target": str(getattr(target.config, "_name_or_path", "") or ""),
+        })
+    tokens = sum(len(data.labels[i]) - skip for i in train)
+    return DistillReport(draft=draft, utterances=len(train), tokens=tokens, steps=total, losses=losses,
+                         heldout_top1_before=before, heldout_top1=after, map_coverage=coverage,
+                         seconds=time.perf_counter() - started, path=path)
+
+
+def _draft_logits(draft, data: TeacherData, rows: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The draft's reduced logits at every label position of ``rows`` ([b, T, V']) and the mask of real ones."""
+    inputs, mask = _padded([data.labels[i][:-1] for i in rows])
+    encoded = data.encoder_states[rows].to(device=draft.device, dtype=draft.dtype)
+    hidden = draft.model.decoder(input_ids=inputs.to(draft.device), encoder_hidden_states=encoded).last_hidden_state
+    return draft.proj_out(hidden), mask.to(draft.device)
+
+
+def _loss(draft, data, teacher, rows, reduced, skip, ce_weight, kl_weight) -> torch.Tensor:
+    logits, mask = _draft_logits(draft, data, rows)  # [b, T, V'], [b, T]
+    mask[:, : skip - 1] = False  # the prompt is given, not predicted
+    wanted, _ = _padded([data.labels[i][1:] for i in rows], fill=0)
+    wanted = reduced[wanted].to(logits.device)  # -100 outside the map: no cross-entropy there
+    log_q = torch.log_softmax(logits.float(), dim=-1)
+    ce = torch.nn.functional.cross_entropy(log_q[mask], wanted[mask], ignore_index=-100)
+    p = torch.nn.utils.rnn.pad_sequence([teacher[i].float() for i in rows], batch_first=True)
+    p = torch.softmax(p.to(logits.device), dim=-1)  # the target's distribution renormalised over the map
+    kl = (p * (torch.log(p.clamp(min=1e-12)) - log_q)).sum(-1)[mask].mean()
+    return ce_weight * ce + kl_weight * kl
+
+
+@torch.no_grad()
+def heldout_top1(draft, data: TeacherData, rows: Sequence[int], vocab: int, batch_size: int = 8) -> float:
+    """Share of the label tokens of ``rows`` (after the prompt) that the draft's greedy choice gets right."""
+    right = seen = 0
+    for start in range(0, len(rows), batch_size):
+        batch = list(rows[start : start + batch_size])
+        logits, mask = _draft_logits(draft, data, batch)
+        mask[:, : data.prompt_length - 1] = False
+        guess = draft.token_map[logits.argmax(-1)]
+        wanted, _ = _padded([data.labels[i][1:] for i in batch])
+        right += int(((guess == wanted.to(guess.device)) & mask).sum())
+        seen += int(mask.sum())
+    return right / max(seen, 1)

@@ -1,0 +1,270 @@
+"""The distilled reduced-head shared-encoder draft (drafters/shared_encoder_draft.py,
+training/whisper_draft.py, ``specdec drafter distill-whisper``) on a tiny Whisper: distillation
+lowers its loss, the saved draft comes back the same and drafts exactly, and a draft for another
+target is refused with the file and the mismatch named. The shipped draft for the real
+whisper-base is checked only where that model was fetched."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from specdec import ConfigError, IncompatibleModelsError, SpeculativeDecoder
+from specdec.core.model_cache import cached_model_dir
+from specdec.drafters import SharedEncoderDrafter
+from specdec.drafters.shared_encoder_draft import (
+    FILE_NAME,
+    WhisperDraftDecoder,
+    build_draft,
+    load_shared_encoder_draft,
+    save_shared_encoder_draft,
+)
+from specdec.policies import ConstantLookahead
+from specdec.training.whisper_draft import choose_token_map, distill_whisper_draft, special_tokens
+from specdec.whisper import WhisperSpeculativeDecoder
+
+from .tiny_whisper import EOT, NO_TIMESTAMPS, SOT, features, processor, tiny_whisper
+
+ROOT = Path(__file__).resolve().parent.parent
+SHIPPED = ROOT / "models" / "whisper-base-draft"
+
+
+@pytest.fixture(scope="module")
+def target():
+    # Two decoder layers, so a one-layer draft is a real reduction; float64 as every exactness test.
+    return tiny_whisper(seed=0, decoder_layers=2)
+
+
+@pytest.fixture(scope="module")
+def audio_dir(tmp_path_factory):
+    """Six short 'utterances' (tones and noise) with a utterances.json like build_speech_eval.py's."""
+    root = tmp_path_factory.mktemp("speech")
+    rng = np.random.default_rng(0)
+    rows = []
+    for i in range(6):
+        seconds = 2.0 + i
+        t = np.arange(int(16_000 * seconds)) / 16_000
+        audio = 0.3 * np.sin(2 * np.pi * (200 + 90 * i) * t) + rng.normal(0, 0.05, t.shape)
+        soundfile.write(root / f"u{i}.wav", audio.astype(np.float32), 16_000)
+        rows.append({"id": f"u{i}", "file": f"u{i}.wav", "language": "en", "seconds": seconds, "text": "x"})
+    (root / "utterances.json").write_text(json.dumps(rows))
+    return root
+
+
+@pytest.fixture(scope="module")
+def distilled(target, audio_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("draft")
+    report = distill_whisper_draft(target, processor(), audio_dir, out, layers=[1], vocab=300, epochs=6,
+                                   batch_size=3, lr=3e-3, holdout=0.0, cache=out / "teacher.pt")
+    return report, out
+
+
+class TestDistillation:
+    """distill_whisper_draft: the teacher pass, the map, the loss going down, the saved file."""
+
+    def test_the_loss_goes_down(self, distilled):
+        report, _ = distilled
+        assert report.steps == 12 and len(report.losses) == 12
+        assert np.mean(report.losses[-3:]) < 0.8 * np.mean(report.losses[:3]), report.losses
+
+    def test_the_map_holds_the_specials_and_the_targets_tokens(self, target, distilled):
+        report, _ = distilled
+        token_map = report.draft.token_map
+        assert token_map.numel() == 300
+        assert torch.isin(torch.tensor(special_tokens(target)), token_map).all()
+        assert {EOT, SOT, NO_TIMESTAMPS} <= set(token_map.tolist())
+        assert report.map_coverage == 1.0  # 300 tokens hold every token of six short pseudo-labels
+
+    def test_the_teacher_pass_is_cached(self, target, audio_dir, distilled):
+        """A second run reads the cache file: the target's encoder does not run again."""
+        _, out = distilled
+        calls = []
+        hook = target.model.encoder.register_forward_hook(lambda *args: calls.append(1))
+        try:
+            distill_whisper_draft(target, processor(), audio_dir, None, layers=[0], vocab=300, epochs=1,
+                                  batch_size=3, holdout=0.0, cache=out / "teacher.pt")
+        finally:
+            hook.remove()
+        assert calls == []
+
+    def test_the_saved_draft_is_small_and_holds_no_embeddings(self, distilled):
+        _, out = distilled
+        with safe_open(str(out / FILE_NAME), framework="pt") as handle:
+            names = list(handle.keys())
+            assert handle.get_tensor("proj_out.weight").dtype == torch.float16
+            assert json.loads(handle.metadata()["init_layers"]) == [1]
+        assert "token_map" in names and not any("embed_" in name for name in names)
+        assert all(name.startswith(("model.decoder.layers.0.", "model.decoder.layer_norm", "proj_out", "token_map"))
+                   for name in names)
+
+    def test_round_trip_and_exact_greedy_decoding(self, target, distilled):
+        report, out = distilled
+        loaded = load_shared_encoder_draft(out, target)
+        assert isinstance(loaded, WhisperDraftDecoder) and loaded.dtype == target.dtype
+        assert torch.equal(loaded.token_map, report.draft.token_map)
+        # The file stores float16: the loaded weights are the trained ones rounded to it.
+        trained = report.draft.state_dict()
+        for name, value in loaded.state_dict().items():
+            if name != "token_map" and ".embed_" not in name:  # the embeddings are the target's
+                assert torch.equal(value, trained[name].to(torch.float16).to(value.dtype)), name
+        assert loaded.model.decoder.embed_tokens is target.model.decoder.embed_tokens  # shared, not copied
+        x = features(2, seed=7)
+        decoder = SpeculativeDecoder(target=target, drafter=SharedEncoderDrafter(model=str(out)),
+                                     policy=ConstantLookahead(k=3))
+        whisper = WhisperSpeculativeDecoder(decoder)
+        assert torch.equal(whisper.generate(x, language="en", max_new_tokens=20),
+                           target.generate(x, language="en", max_new_tokens=20))
+
+
+class TestChooseTokenMap:
+    def test_frequent_label_tokens_first_then_low_ids(self):
+        labels = [[SOT, 258, 262, NO_TIMESTAMPS, 100, 100, 90, EOT], [SOT, 258, 262, NO_TIMESTAMPS, 100, 80, EOT]]
+        ids, coverage = choose_token_map(labels, 1768, 6, always=[EOT, SOT], skip=4)
+        assert set(ids.tolist()) == {EOT, SOT, 100, 90, 80, 0}
+        assert coverage == 1.0
+        ids, coverage = choose_token_map(labels, 1768, 3, always=[EOT, SOT], skip=4)
+        assert set(ids.tolist()) == {EOT, SOT, 100} and coverage == pytest.approx(5 / 7)
+
+
+class TestBadDrafts:
+    """A draft for another target is refused before anything is built, naming the file and the mismatch."""
+
+    @pytest.fixture
+    def saved(self, target, tmp_path):
+        draft = build_draft(target, torch.arange(0, 300), init_layers=[0])
+        return save_shared_encoder_draft(draft, tmp_path / "draft")
+
+    def rewrite(self, path: Path, tensors=None, **metadata):
+        with safe_open(str(path), framework="pt") as handle:
+            info = dict(handle.metadata())
+            data = {name: handle.get_tensor(name) for name in handle.keys()}
+        info.update(metadata)
+        data.update(tensors or {})
+        save_file(data, str(path), metadata=info)
+
+    def test_another_vocabulary(self, target, saved):
+        self.rewrite(saved, target_vocab_size="51865")
+        with pytest.raises(IncompatibleModelsError, match=f"{saved}.*vocabulary of 51865 tokens; this target has 1768"):
+            load_shared_encoder_draft(saved, target)
+
+    def test_another_encoder_width(self, target, saved):
+        self.rewrite(saved, encoder_width="512")
+        with pytest.raises(IncompatibleModelsError, match="encoder output of width 512; this target's encoder output has width 32"):
+            SpeculativeDecoder(target=target, drafter=SharedEncoderDrafter(model=str(saved.parent)))
+
+    def test_a_token_map_out_of_range(self, target, saved):
+        self.rewrite(saved, tensors={"token_map": torch.arange(1700, 2000, dtype=torch.int32)})
+        with pytest.raises(IncompatibleModelsError, match="token map holds token id 1999, outside the target's vocabulary of 1768"):
+            load_shared_encoder_draft(saved, target)
+
+    def test_a_head_that_does_not_fit_the_map(self, target, saved):
+        self.rewrite(saved, tensors={"proj_out.weight": torch.zeros(200, 32, dtype=torch.float16)})
+        with pytest.raises(IncompatibleModelsError, match=r"head is \(200, 32\), but its token map holds 300"):
+            load_shared_encoder_draft(saved, target)
+
+    def test_a_target_that_is_not_whisper(self, saved):
+        from .conftest import tiny_model
+
+        with pytest.raises(IncompatibleModelsError, match="not a Whisper model|no encoder to share"):
+            SpeculativeDecoder(target=tiny_model("llama"), drafter=SharedEncoderDrafter(model=str(saved.parent)))
+
+    def test_another_file(self, target, tmp_path):
+        save_file({"x": torch.zeros(1)}, str(tmp_path / "draft.safetensors"), metadata={"format": "other"})
+        with pytest.raises(ConfigError, match="is not a shared-encoder draft"):
+            load_shared_encoder_draft(tmp_path, target)
+        with pytest.raises(ConfigError, match="does not exist"):
+            load_shared_encoder_draft(tmp_path / "none", target)
+
+
+class TestDistillCommand:
+    """``specdec drafter distill-whisper`` trains from scratch with a progress bar and says how to use the draft."""
+
+    def test_trains_and_saves(self, target, audio_dir, tmp_path):
+        from typer.testing import CliRunner
+
+        from specdec.cli.app import app
+
+        folder = tmp_path / "target"
+        target.save_pretrained(folder)
+        processor().save_pretrained(folder)
+        out = tmp_path / "out"
+        result = CliRunner().invoke(app, ["drafter", "distill-whisper", "--target", str(folder), "--audio-dir",
+                                          str(audio_dir), "--out", str(out), "--vocab", "300", "--epochs", "1",
+                                          "--batch-size", "3", "--holdout", "0.2"])
+        assert result.exit_code == 0, result.output
+        assert (out / FILE_NAME).is_file()
+        assert "held-out top-1" in result.stdout and 'use = "shared-encoder"' in result.stdout
+
+    def test_a_missing_cache_name_says_how_to_fetch(self, audio_dir, tmp_path, monkeypatch):
+        from typer.testing import CliRunner
+
+        from specdec.cli.app import app
+
+        monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+        result = CliRunner().invoke(app, ["drafter", "distill-whisper", "--target", "whisper-base", "--audio-dir",
+                                          str(audio_dir), "--out", str(tmp_path / "o")])
+        assert result.exit_code == 2
+        assert "specdec models fetch whisper-base" in result.output
+
+
+@pytest.mark.skipif(cached_model_dir("whisper-base") is None or not (SHIPPED / FILE_NAME).is_file(),
+                    reason="needs whisper-base fetched (specdec models fetch whisper-base) and the shipped draft")
+class TestShippedDraft:
+    """models/whisper-base-draft on the real whisper-base."""
+
+    def test_loads_on_whisper_base_and_is_small(self):
+        from transformers import WhisperForConditionalGeneration
+
+        target = WhisperForConditionalGeneration.from_pretrained(cached_model_dir("whisper-base")).eval()
+        draft = load_shared_encoder_draft(SHIPPED, target)
+        assert (SHIPPED / FILE_NAME).stat().st_size < 20 * 2**20
+        assert draft.token_map.numel() == draft.proj_out.weight.shape[0]
+        x = torch.zeros(1, 80, 3000)
+        decoder = SpeculativeDecoder(target=target, drafter=SharedEncoderDrafter(model=draft), policy=ConstantLookahead(k=4))
+        assert torch.equal(WhisperSpeculativeDecoder(decoder).generate(x, language="en"), target.generate(x, language="en"))
+
+
+class TestModelNames:
+    """``model = "whisper-base"`` in a plugins.toml names the folder ``specdec models fetch`` converted."""
+
+    def test_a_fetched_name_resolves_to_the_cache(self, tmp_path, monkeypatch):
+        from specdec.config import SpecdecConfig
+
+        monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+        folder = tmp_path / "cache" / "models" / "whisper-base"
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text("{}")
+        (tmp_path / "draft").mkdir()
+        (tmp_path / "w.toml").write_text('[target]\nmodel = "whisper-base"\n[drafter]\nuse = "shared-encoder"\nmodel = "draft"\n')
+        config = SpecdecConfig.from_toml(tmp_path / "w.toml")
+        assert config.target["model"] == str(folder)
+        assert config.drafter.options["model"] == str(tmp_path / "draft")
+
+    def test_a_missing_name_says_how_to_fetch(self, tmp_path, monkeypatch):
+        from specdec.config import SpecdecConfig
+
+        monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+        (tmp_path / "w.toml").write_text('[target]\nmodel = "whisper-base"\n[drafter]\nuse = "ngram"\n')
+        config = SpecdecConfig.from_toml(tmp_path / "w.toml")
+        with pytest.raises(ConfigError, match=r"w.toml: \[target\] model 'whisper-base' is neither a folder nor in "
+                                              r"specdec's model cache .*specdec models fetch whisper-base"):
+            config.load_target()
+
+    def test_the_shipped_config_points_at_the_cache_and_this_folder(self, tmp_path, monkeypatch):
+        from specdec.config import SpecdecConfig
+
+        monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+        folder = tmp_path / "cache" / "models" / "whisper-base"
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text("{}")
+        config = SpecdecConfig.from_toml(SHIPPED / "whisper.toml")
+        assert config.target["model"] == str(folder)
+        assert Path(config.drafter.options["model"]).resolve() == SHIPPED.resolve()
+        assert config.drafter.use == "shared-encoder"
