@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..core.reduced_vocab import TokenMap
-from ..errors import ConfigError, IncompatibleModelsError
+from ..errors import IncompatibleModelsError
 from .hidden_state import FORMAT, FORMAT_VERSION, head_config, target_parts
 
 if TYPE_CHECKING:
@@ -66,11 +66,8 @@ class HiddenStateHead(torch.nn.Module):
     # --- files ---------------------------------------------------------------------------------
 
     def save(self, path: str | Path, metadata: dict[str, str] | None = None) -> Path:
-        from safetensors.torch import save_file
+        from ..core.weights_file import write_weights
 
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tensors = {name: value.detach().contiguous().cpu() for name, value in self.state_dict().items()}
         info = {
             "format": FORMAT, "format_version": FORMAT_VERSION,
             "config": json.dumps(self.config.to_dict()),
@@ -78,27 +75,15 @@ class HiddenStateHead(torch.nn.Module):
             "model_type": str(self.config.model_type),
             **(metadata or {}),
         }
-        temporary = path.with_suffix(path.suffix + ".tmp")
-        save_file(tensors, str(temporary), metadata=info)
-        temporary.replace(path)  # nothing written half-way
-        return path
+        return write_weights(Path(path), self.state_dict(), info)
 
     @classmethod
     def load(cls, path: str | Path, target: PreTrainedModel, who: str = "drafter 'hidden-state'") -> HiddenStateHead:
         """A saved head, checked against ``target`` (architecture, hidden size, vocabulary)."""
-        from safetensors import safe_open
+        from ..core.weights_file import read_weights
 
         path = Path(path).expanduser()
-        if not path.is_file():
-            raise ConfigError(f"{who}: head file {str(path)!r} does not exist")
-        try:
-            with safe_open(str(path), framework="pt") as handle:
-                info = handle.metadata() or {}
-                tensors = {name: handle.get_tensor(name) for name in handle.keys()}
-        except Exception as exc:  # noqa: BLE001 - safetensors raises several kinds
-            raise ConfigError(f"{who}: {path} is not a safetensors file: {exc}") from None
-        if info.get("format") != FORMAT:
-            raise ConfigError(f"{who}: {path} is not a hidden-state head (format {info.get('format')!r})")
+        info, tensors = read_weights(path, FORMAT, "hidden-state head", who)
         _, weight, hidden = target_parts(target, who)
         target_type = target.config.get_text_config(decoder=True).model_type
         if info.get("model_type") != target_type or int(info.get("hidden_size", -1)) != hidden:

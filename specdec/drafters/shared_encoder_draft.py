@@ -104,12 +104,11 @@ def save_shared_encoder_draft(draft: WhisperDraftDecoder, path: str | Path, *, d
                               metadata: dict[str, str] | None = None) -> Path:
     """Write ``draft`` (weights in ``dtype``, the token map as int32) to ``path`` (a folder gets
     ``draft.safetensors``); the file appears whole or not at all."""
-    from safetensors.torch import save_file
+    from ..core.weights_file import write_weights
 
     path = Path(path)
     if path.suffix != ".safetensors":
         path = path / FILE_NAME
-    path.parent.mkdir(parents=True, exist_ok=True)
     tensors = {}
     for name, value in own_state(draft).items():
         value = value.detach().cpu()
@@ -121,10 +120,7 @@ def save_shared_encoder_draft(draft: WhisperDraftDecoder, path: str | Path, *, d
         "encoder_width": str(draft.config.d_model),
         **(metadata or {}),
     }
-    temporary = path.with_suffix(".tmp")
-    save_file({name: value.contiguous() for name, value in tensors.items()}, str(temporary), metadata=info)
-    temporary.replace(path)
-    return path
+    return write_weights(path, tensors, info)
 
 
 def draft_file(path: str | Path) -> Path | None:
@@ -145,20 +141,11 @@ def draft_file(path: str | Path) -> Path | None:
 def load_shared_encoder_draft(path: str | Path, target, who: str = "drafter 'shared-encoder'") -> WhisperDraftDecoder:
     """A saved draft on ``target``, after checking that it was trained for a target of this shape:
     vocabulary size, encoder width, head and token map. Errors name the file and the mismatch."""
-    from safetensors import safe_open
+    from ..core.weights_file import read_weights
 
     path = Path(path).expanduser()
     file = path / FILE_NAME if path.is_dir() else path
-    if not file.is_file():
-        raise ConfigError(f"{who}: draft file {str(file)!r} does not exist")
-    try:
-        with safe_open(str(file), framework="pt") as handle:
-            info = handle.metadata() or {}
-            tensors = {name: handle.get_tensor(name) for name in handle.keys()}
-    except Exception as exc:  # noqa: BLE001 - safetensors raises several kinds
-        raise ConfigError(f"{who}: {file} is not a safetensors file: {exc}") from None
-    if info.get("format") != FORMAT:
-        raise ConfigError(f"{who}: {file} is not a shared-encoder draft (format {info.get('format')!r})")
+    info, tensors = read_weights(file, FORMAT, "shared-encoder draft", who)
     _target_decoder(target, who)
     vocab, width = target.config.vocab_size, target.config.d_model
     if int(info.get("target_vocab_size", -1)) != vocab:

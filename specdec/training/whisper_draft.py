@@ -35,7 +35,6 @@ from typing import Callable, Sequence
 import attrs
 import torch
 
-from ..core.reduced_vocab import TokenMap
 from ..drafters.shared_encoder_draft import WhisperDraftDecoder, build_draft, save_shared_encoder_draft
 from ..errors import InputError
 
