@@ -17,6 +17,18 @@ from .conftest import greedy_reference, left_padded, left_padded_prompts, pertur
 
 
 @attrs.define(eq=False)
+class WatchedLookup(NGramDrafter):
+    """Prompt lookup that records the widest draft of each call."""
+
+    widths: list = attrs.field(factory=list, init=False)
+
+    def propose(self, state, max_tokens, keep_drafting):
+        draft = super().propose(state, max_tokens, keep_drafting)
+        self.widths.append(int(draft.lengths_host.max()))
+        return draft
+
+
+@attrs.define(eq=False)
 class Counting(ModelDrafter):
     """A model drafter that records the budgets it was asked to fill."""
 
@@ -53,20 +65,14 @@ def test_the_model_is_not_called_when_lookup_covers_every_row():
     model = Counting(perturbed_copy(target, 0.1))
     phrase = [5, 9, 13, 7, 11]
     ids, mask = left_padded([phrase * 4])
-    recorder_calls = []
 
-    class Watch(NGramDrafter):
-        def propose(self, state, max_tokens, keep_drafting):
-            draft = super().propose(state, max_tokens, keep_drafting)
-            recorder_calls.append(int(draft.lengths_host.max()))
-            return draft
-
-    decoder = SpeculativeDecoder(target=target, drafter=FallbackDrafter(Watch(), model), policy=ConstantLookahead(k=3))
+    lookup = WatchedLookup()
+    decoder = SpeculativeDecoder(target=target, drafter=FallbackDrafter(lookup, model), policy=ConstantLookahead(k=3))
     out = decoder.generate(ids, attention_mask=mask, max_new_tokens=12)
     assert torch.equal(out.sequences, greedy_reference(target, ids, mask, 12))
-    hits = sum(1 for length in recorder_calls if length > 0)
+    hits = sum(1 for length in lookup.widths if length > 0)
     assert hits > 0
-    assert len(model.asked) == len(recorder_calls) - hits  # once per iteration the lookup missed
+    assert len(model.asked) == len(lookup.widths) - hits  # once per iteration the lookup missed
 
 
 def test_a_hidden_state_head_after_lookup_gets_the_target_hidden_states():
@@ -146,21 +152,15 @@ def test_the_same_drafter_twice_is_refused():
 def test_then_max_tokens_caps_only_the_second_drafter():
     target = tiny_model("llama")
     model = Counting(perturbed_copy(target, 0.1))
-    ngram_widths = []
-
-    class Watch(NGramDrafter):
-        def propose(self, state, max_tokens, keep_drafting):
-            draft = super().propose(state, max_tokens, keep_drafting)
-            ngram_widths.append(int(draft.lengths_host.max()))
-            return draft
 
     ids, mask = repetitive_prompts(target.config.vocab_size)
-    drafter = FallbackDrafter(Watch(min_ngram=2), model, then_max_tokens=1)
+    lookup = WatchedLookup(min_ngram=2)
+    drafter = FallbackDrafter(lookup, model, then_max_tokens=1)
     out = SpeculativeDecoder(target=target, drafter=drafter, policy=ConstantLookahead(k=5)).generate(
         ids, attention_mask=mask, max_new_tokens=24)
     assert torch.equal(out.sequences, greedy_reference(target, ids, mask, 24))
     assert model.asked and max(int(asked.max()) for asked in model.asked) == 1
-    assert max(ngram_widths) > 1  # the lookup still drafts up to the policy's k
+    assert max(lookup.widths) > 1  # the lookup still drafts up to the policy's k
     with pytest.raises(ConfigError, match="'then_max_tokens' must be an integer of at least 1"):
         FallbackDrafter(NGramDrafter(), model, then_max_tokens=0)
 

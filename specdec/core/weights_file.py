@@ -23,13 +23,15 @@ def write_weights(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[s
     return path
 
 
-def read_weights(path: Path, fmt: str, what: str, who: str) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
+def read_weights(path: Path, fmt: str, what: str, who: str,
+                 missing_hint: str = "") -> tuple[dict[str, str], dict[str, torch.Tensor]]:
     """``(metadata, tensors)`` of a file written with ``format = fmt``; a ``ConfigError`` naming ``who``
-    and the file when it is missing, not safetensors, or another kind of file (``what`` it should be)."""
+    and the file when it is missing (``missing_hint`` says how to make one), not safetensors, or
+    another kind of file (``what`` it should be)."""
     from safetensors import safe_open
 
     if not path.is_file():
-        raise ConfigError(f"{who}: {what} file {str(path)!r} does not exist")
+        raise ConfigError(f"{who}: {what} file {str(path)!r} does not exist{missing_hint}")
     try:
         with safe_open(str(path), framework="pt") as handle:
             info = handle.metadata() or {}

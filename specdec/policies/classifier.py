@@ -93,9 +93,8 @@ class StopClassifier:
     # --- files ------------------------------------------------------------------------------------
 
     def save(self, path: str | Path, metadata: dict[str, str] | None = None) -> Path:
-        from safetensors.torch import save_file
+        from ..core.weights_file import write_weights
 
-        path = Path(path)
         tensors = {"mean": self.mean, "std": self.std}
         for i, (weight, bias) in enumerate(zip(self.weights, self.biases)):
             tensors[f"layers.{i}.weight"] = weight
@@ -108,27 +107,17 @@ class StopClassifier:
             "layers": str(len(self.weights)),
             **(metadata or {}),
         }
-        path.parent.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.detach().float().cpu().contiguous() for k, v in tensors.items()}, str(path), metadata=info)
-        return path
+        return write_weights(Path(path), {k: v.float() for k, v in tensors.items()}, info)
 
     @classmethod
     def load(cls, path: str | Path, who: str = "policy 'classifier'") -> StopClassifier:
         """Read a file written by ``save``; anything else is a ``ConfigError`` naming the file."""
-        from safetensors import safe_open
+        from ..core.weights_file import read_weights
 
         path = Path(path).expanduser()
         where = f"{who}: weights file {str(path)!r}"
-        if not path.is_file():
-            raise ConfigError(f"{where} does not exist; train one with `specdec policy train`")
-        try:
-            with safe_open(str(path), framework="pt") as handle:
-                metadata = handle.metadata() or {}
-                tensors = {key: handle.get_tensor(key) for key in handle.keys()}
-        except Exception as exc:  # safetensors raises its own error types for damaged files
-            raise ConfigError(f"{where} is not a readable safetensors file: {exc}") from exc
-        if metadata.get("format") != FORMAT:
-            raise ConfigError(f"{where} is not a specdec classifier (its metadata has no format = {FORMAT!r})")
+        metadata, tensors = read_weights(path, FORMAT, "specdec classifier", who,
+                                         missing_hint="; train one with `specdec policy train`")
         if metadata.get("format_version") != FORMAT_VERSION:
             raise ConfigError(
                 f"{where} has classifier format version {metadata.get('format_version')!r}; this specdec reads "
