@@ -200,6 +200,28 @@ class TestTiming:
         # iteration 0 (prompt) not recorded; 1 and 2 were k = 4 then k = 0 (exploration), 2.5 s each
         assert {k: fit.mean[k] for k in fit.mean} == pytest.approx({4: 2.5, 0: 2.5})
 
+    def test_drafting_after_a_plain_step_is_not_recorded(self):
+        """The drafter's catch-up on the tokens it sat out is a one-off, not the cost of k."""
+        now = [0.0]
+        policy = CostAwareLookahead(clock=lambda: now[0], load_rate=0.0, probe_rate=0.0)
+        fed(policy, 1, {0: 1.0, 2: 2.0, 4: 3.0})
+        state = fake_state(1)
+        policy.begin(state, None)
+        policy._pending = (1, 1, 0, now[0], True)  # iteration 1 was a plain step
+        policy._drafted = False
+        for iteration, seconds in [(2, 9.0), (3, 2.0)]:  # iteration 2 drafts (catching up), then 3
+            state.iteration = iteration
+            policy.plan(state, alpha=torch.tensor([0.99]))
+            assert policy.decision.k > 0
+            now[0] += seconds
+        weights = dict(policy._fits[1].weight)
+        state.iteration = 4
+        policy.plan(state, alpha=torch.tensor([0.99]))
+        fit = policy._fits[1]
+        grew = [kk for kk in fit.weight if fit.weight[kk] > weights.get(kk, 0.0) * policy.decay + 0.5]
+        assert len(grew) == 1  # only iteration 3 was recorded
+        assert max(fit.mean.values()) < 9.0
+
     def test_a_new_request_does_not_time_across_the_gap(self):
         now = [0.0]
         policy = CostAwareLookahead(clock=lambda: now[0])
@@ -259,7 +281,7 @@ class TestProbing:
     """A share ``probe_rate`` of decisions tries another k, deterministically."""
 
     def test_probe_schedule_and_targets(self):
-        policy = fed(CostAwareLookahead(probe_rate=0.25, max_k=8), 1, {0: 10.0, 1: 11.0, 8: 18.0})
+        policy = fed(CostAwareLookahead(probe_rate=0.25, max_k=8, probe_backoff=1), 1, {0: 10.0, 1: 11.0, 8: 18.0})
         alpha, budget = torch.tensor([0.9]), torch.tensor([100])
         decisions = [policy.choose(1, alpha, budget) for _ in range(8)]
         assert [d.probing for d in decisions] == [False, False, False, True] * 2
@@ -267,11 +289,32 @@ class TestProbing:
         assert all(d.k == best for d in decisions if not d.probing)
         assert {d.k for d in decisions if d.probing} == {0, best - 2 if best + 2 > 8 else best + 2}
 
-    def test_when_not_speculating_probes_draft(self):
-        policy = fed(CostAwareLookahead(probe_rate=0.5), 1, {0: 10.0, 1: 20.0, 4: 50.0})
-        decisions = [policy.choose(1, torch.tensor([0.9]), torch.tensor([100])) for _ in range(4)]
-        assert [d.k for d in decisions if not d.probing] == [0, 0]
-        assert all(d.k > 0 for d in decisions if d.probing)
+    def test_when_not_speculating_probes_draft_twice(self):
+        """Out of plain steps a probe drafts for two iterations: the first pays the drafter's
+        catch-up (not recorded), the second is the one timed."""
+        policy = fed(CostAwareLookahead(probe_rate=0.5, probe_backoff=1), 1, {0: 10.0, 1: 20.0, 4: 50.0})
+        decisions = [policy.choose(1, torch.tensor([0.9]), torch.tensor([100])) for _ in range(5)]
+        assert [(d.k > 0, d.probing) for d in decisions] == [(False, False), (True, True), (True, True),
+                                                              (False, False), (True, True)]
+        assert decisions[1].k == decisions[2].k
+
+    def test_probes_that_confirm_the_choice_back_off(self):
+        """Each probe that leaves the best k where it was halves the probe rate, down to
+        probe_rate / probe_backoff."""
+        policy = fed(CostAwareLookahead(probe_rate=0.25, probe_backoff=4), 1, {0: 10.0, 1: 11.0, 8: 18.0})
+        alpha, budget = torch.tensor([0.9]), torch.tensor([100])
+        probes = [i for i in range(60) if policy.choose(1, alpha, budget).probing]
+        assert probes[:4] == [3, 11, 27, 43]  # gaps 4, 8, 16, then 16 (backoff capped at 4)
+
+    def test_a_probe_that_moves_the_best_restores_the_rate(self):
+        policy = fed(CostAwareLookahead(probe_rate=0.25, probe_backoff=8), 1, {0: 10.0, 1: 11.0, 8: 18.0})
+        alpha, budget = torch.tensor([0.9]), torch.tensor([100])
+        for _ in range(12):  # probes at 3 and 11: the rate is a quarter of probe_rate now
+            policy.choose(1, alpha, budget)
+        assert policy._backoff == 2 and policy._probe_best is not None
+        fed(policy, 1, {0: 1.0, 1: 50.0, 8: 400.0}, repeats=30)  # drafting became dear: the best k moves to 0
+        assert policy.choose(1, alpha, budget).k == 0
+        assert policy._backoff == 1
 
     def test_no_probes_at_rate_zero(self):
         policy = fed(CostAwareLookahead(probe_rate=0.0), 1, {0: 10.0, 1: 11.0, 8: 18.0})
@@ -295,6 +338,7 @@ class TestOptions:
             ({"prior_alpha": 1.0}, "prior_alpha"),
             ({"prior_strength": -1}, "prior_strength"),
             ({"clock": "fast"}, "clock"),
+            ({"probe_backoff": 0}, "probe_backoff"),
             ({"max_k": "8"}, "max_k"),
         ],
     )

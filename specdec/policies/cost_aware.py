@@ -25,8 +25,15 @@ forward passes and no host syncs of its own:
   ``sum_b E_b(k) / T(B, k)`` over k in {0} and [min_k, max_k]. k = 0 is a plain target step.
 * **Probing.** A share ``probe_rate`` of iterations tries another k: while speculating, k = 0 (the
   intercept) or a k two away from the best (the slope); while not speculating, the best
-  speculative k (so acceptance and its cost stay measured and the policy notices when drafting
-  pays again). Probes are scheduled deterministically (every 1 / probe_rate iterations).
+  speculative k for two iterations (so acceptance and its cost stay measured and the policy
+  notices when drafting pays again). Probes are scheduled deterministically (every
+  1 / probe_rate iterations); each probe that leaves the best k where it was makes the next one
+  twice as rare, up to ``probe_backoff`` times, and a probe that moves it restores the rate: where
+  speculation keeps not paying, probing (a drafted iteration at a loss) costs less and less.
+* **Catch-up is not cost.** A model drafter that sat out plain steps (or has not read the prompt
+  yet) first reads every token committed meanwhile; that one-off is not what an iteration of k
+  costs, so an iteration that drafts right after one that did not is not recorded (a probe out of
+  plain steps therefore drafts twice: the first pays the catch-up, the second is timed).
 
 ``clock`` (default ``time.perf_counter``) is injectable so tests drive the policy with a fake clock.
 ``decisions`` keeps the last choice made (for traces and tests).
@@ -204,6 +211,7 @@ class CostAwareLookahead(LookaheadPolicy):
     alpha_decay: float = attrs.field(default=0.9, validator=_fraction(low_open=True))
     prior_alpha: float = attrs.field(default=0.5, validator=_open_probability)
     prior_strength: float = attrs.field(default=4.0, validator=_non_negative_number)
+    probe_backoff: int = attrs.field(default=8, validator=integer(1))
     clock: Callable[[], float] = attrs.field(default=time.perf_counter, validator=_callable, repr=False)
 
     decision: Decision | None = attrs.field(default=None, init=False, repr=False)
@@ -214,7 +222,11 @@ class CostAwareLookahead(LookaheadPolicy):
     _pool: list = attrs.field(factory=lambda: [0.0, 0.0], init=False, repr=False)  # decayed [accepted, rejections]
     _probe_credit: float = attrs.field(default=0.0, init=False, repr=False)
     _probes: int = attrs.field(default=0, init=False, repr=False)
+    _backoff: int = attrs.field(default=1, init=False, repr=False)  # probing is this many times rarer now
+    _probe_best: int | None = attrs.field(default=None, init=False, repr=False)  # the best k when the last probe began
+    _probe_next: int | None = attrs.field(default=None, init=False, repr=False)  # a probe's timed second iteration
     _pending: tuple | None = attrs.field(default=None, init=False, repr=False)
+    _drafted: bool = attrs.field(default=False, init=False, repr=False)  # the last planned iteration drafted
 
     # --- the estimates ---------------------------------------------------------------------------
 
@@ -268,6 +280,8 @@ class CostAwareLookahead(LookaheadPolicy):
         self._success = torch.zeros(state.batch_size, dtype=torch.float64)
         self._failure = torch.zeros(state.batch_size, dtype=torch.float64)
         self._pending = None
+        self._drafted = False
+        self._probe_next = None
         self.requested = None
 
     def choose(self, batch: int, alpha: torch.Tensor, budget: torch.Tensor) -> Decision:
@@ -285,14 +299,22 @@ class CostAwareLookahead(LookaheadPolicy):
             return Decision(k=k, best_k=k, probing=True, batch=batch)
         gains = self.goodput(alpha, budget, costs)
         best = max(gains, key=lambda k: (gains[k], -k))
+        if self._probe_next is not None:  # the timed half of a probe out of plain steps
+            k, self._probe_next = self._probe_next, None
+            return Decision(k=k, best_k=best, probing=True, batch=batch, costs=costs, goodput=gains)
+        if self._probe_best is not None:  # the first choice after a probe: did it move the best k?
+            self._backoff = min(2 * self._backoff, self.probe_backoff) if best == self._probe_best else 1
+            self._probe_best = None
         k, probing = best, False
-        self._probe_credit += self.probe_rate
+        self._probe_credit += self.probe_rate / self._backoff
         if self._probe_credit >= 1.0:
             self._probe_credit -= 1.0
             probing = True
             self._probes += 1
+            self._probe_best = best
             if best == 0:
                 k = max((kk for kk in gains if kk > 0), key=lambda kk: gains[kk])
+                self._probe_next = k
             elif self._probes % 2:
                 k = 0
             else:
@@ -316,19 +338,21 @@ class CostAwareLookahead(LookaheadPolicy):
         requested = budget.clamp(max=k)  # [B]
         self.requested = requested
         width = int(requested.max()) if batch else 0
-        self._pending = (state.iteration, batch, width, now)
+        self._pending = (state.iteration, batch, width, now, self._drafted)
+        self._drafted = width > 0
         return torch.full((batch,), k, dtype=torch.long)
 
     def _record(self, iteration: int, now: float) -> None:
         """The previous iteration took from its lookahead to this one: everything it caused
         (the draft, the verify and the loop's sync, the drafter's cache bookkeeping after
         ``on_step``, rows leaving the batch) is inside. Not recorded: the first iteration of a
-        request (it also reads the prompt) and the last (no lookahead follows it)."""
+        request (it also reads the prompt), the last (no lookahead follows it), and one that
+        drafted after one that did not (the drafter's catch-up on the tokens it sat out)."""
         if self._pending is None:
             return
-        previous, batch, width, started = self._pending
+        previous, batch, width, started, warm = self._pending
         self._pending = None
-        if previous > 0 and iteration == previous + 1:
+        if previous > 0 and iteration == previous + 1 and (width == 0 or warm):
             fit = self._fits.setdefault(bucket_of(batch), CostFit(log_batch=math.log2(batch)))
             fit.add(width, now - started, self.decay, self.load_rate)
 

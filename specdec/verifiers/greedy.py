@@ -36,8 +36,13 @@ def greedy_verdict(draft: Draft, scores: torch.Tensor) -> Verdict:
 
     Shared with ``rejection``, which decides exactly like this when it is not sampling.
     """
-    target_tokens = scores.argmax(-1)  # [B, K + 1]
     width = draft.width
+    if width == 0:  # a plain target step: the argmax, with no drafts to compare
+        at_next = scores[:, 0]
+        next_token = at_next.argmax(-1)
+        target_probs = torch.softmax(at_next, dim=-1).gather(1, next_token[:, None])[:, 0]
+        return Verdict(accepted=torch.zeros_like(next_token), next_token=next_token, target_probs=target_probs)
+    target_tokens = scores.argmax(-1)  # [B, K + 1]
     agree = (draft.tokens == target_tokens[:, :width]) & draft.in_draft()
     accepted = agree.long().cumprod(1).sum(1)  # [B]: length of the agreeing prefix
     next_token = target_tokens.gather(1, accepted[:, None])[:, 0]  # [B]
