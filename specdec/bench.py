@@ -18,6 +18,12 @@ acceptance probability, k the mean lookahead and c the draft/target cost ratio o
 length tau = (1 - alpha^(k+1)) / (1 - alpha), so the ideal is tau / (k c + 1). A measured speedup
 above the ideal is not a speedup but timing noise (or a mis-measured c): it is flagged as such.
 
+Leviathan's ideal assumes that verifying k + 1 tokens costs one target step; on a CPU, and on a
+GPU at large batches, it costs more. The **ceiling** counts that too: with v the measured time of
+a (k + 1)-token target forward over a one-token one (interpolated at the mean lookahead), it is
+``tau / (k c + v)``, what a loop with no overhead of its own would reach with these models, this
+acceptance and this lookahead. The share of the ceiling reached is the loop's own efficiency.
+
 Exactness is reported as the share of rows identical to the target's own greedy output. In
 float64 it is 1 by construction; in float32 and half precision a (k+1)-token verification and a
 one-token step can round a near-tie differently, so a few rows may part (README, "What exact means").
@@ -54,6 +60,9 @@ class BenchRow:
     cost_ratio: float | None = None
     ideal_speedup: float | None = None
     ratio_to_ideal: float | None = None
+    verify_cost: float | None = None  # v: a (k + 1)-token target forward over a one-token one, at the mean k
+    ceiling_speedup: float | None = None  # tau / (k c + v)
+    ratio_to_ceiling: float | None = None
     exact: bool | None = None  # every row identical to the target's (None: sampled, not checked)
     note: str = ""
     seconds_min: float | None = None
@@ -87,20 +96,48 @@ def ideal_speedup(alpha: float, k: float, c: float) -> float:
     return tau / (k * c + 1)
 
 
-@torch.no_grad()
+def ceiling_speedup(tau: float, k: float, c: float, v: float) -> float:
+    """The speedup of a loop with no overhead: ``tau`` tokens per iteration of ``k`` draft steps
+    (``c`` target steps each) and a verify that costs ``v`` target steps."""
+    return tau / (k * c + v)
+
+
 def forward_cost(model, batch_size: int, context: int, repeats: int = 20) -> float:
     """Seconds for one single-token forward with ``context`` tokens cached (the draft's unit of work)."""
-    ids = torch.randint(3, model.config.vocab_size, (batch_size, context), device=model.device)
+    return block_cost(model, batch_size, context, 1, repeats)
+
+
+@torch.no_grad()
+def block_cost(model, batch_size: int, context: int, width: int, repeats: int = 20) -> float:
+    """Seconds for one forward of ``width`` new tokens per row with ``context`` tokens cached (a
+    verify of ``width - 1`` drafts), the logits of all of them kept."""
+    ids = torch.randint(3, model.config.vocab_size, (batch_size, context + width), device=model.device)
     cache = DynamicCache()
-    model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
-    step = ids[:, -1:]
+    model(input_ids=ids[:, :context], past_key_values=cache, use_cache=True, logits_to_keep=1)
+    block = ids[:, context:]
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        model(input_ids=step, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        model(input_ids=block, past_key_values=cache, use_cache=True, logits_to_keep=width)
         times.append(time.perf_counter() - start)
-        cache.crop(-1)
+        cache.crop(-width)
     return statistics.median(times)
+
+
+def verify_cost(model, batch_size: int, k: float, context: int = 128, measured: dict | None = None) -> float:
+    """v at a mean lookahead ``k``: a (k + 1)-token forward over a one-token one, linear between the
+    widths either side of k + 1 (``measured``, width -> seconds, keeps the timings for reuse)."""
+    measured = {} if measured is None else measured
+
+    def seconds(width: int) -> float:
+        if width not in measured:
+            measured[width] = block_cost(model, batch_size, context, width)
+        return measured[width]
+
+    low = int(k)
+    share = k - low
+    blended = (1 - share) * seconds(low + 1) + (share * seconds(low + 2) if share else 0.0)
+    return blended / seconds(1)
 
 
 def _new_token_rows(sequences: torch.Tensor, prompt_width: int, eos: list[int]) -> list[list[int]]:
@@ -250,6 +287,7 @@ def run_bench(
                                     speedup_min=low, speedup_max=high, repeats=a["repeats"]))
 
         target_cost = forward_cost(target, batch_size, context=128)
+        blocks: dict[int, float] = {}  # verify widths timed at this batch size
         for (drafter, policy), contender in specdec_of.items():
             decoder = decoders[(drafter, policy)]
             s = summary(contender)
@@ -266,6 +304,8 @@ def run_bench(
                 c = 0.0
             alpha = solve_alpha(tau, k_mean)
             ideal = tau / (k_mean * c + 1) if row_steps else None
+            v = verify_cost(target, batch_size, k_mean, measured=blocks) if row_steps else None
+            ceiling = ceiling_speedup(tau, k_mean, c, v) if row_steps else None
             speedup, low, high = _spread(s["paired"])
             hf = assisted_of.get((drafter, policy))
             vs_hf = statistics.median([r / h for r, h in zip(contender.rates(), hf.rates())]) if hf else None
@@ -285,6 +325,9 @@ def run_bench(
                     cost_ratio=c,
                     ideal_speedup=ideal,
                     ratio_to_ideal=speedup / ideal if ideal else None,
+                    verify_cost=v,
+                    ceiling_speedup=ceiling,
+                    ratio_to_ceiling=speedup / ceiling if ceiling else None,
                     exact=None if identical is None else identical == 1.0,
                     seconds_min=s["seconds_min"], seconds_max=s["seconds_max"],
                     speedup_min=low, speedup_max=high,

@@ -472,3 +472,16 @@ class TestReadmeSnippet:
         result = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, cwd=tmp_path,
                                 env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)
         assert "ROWS 2" in result.stdout, result.stderr
+
+
+def test_ceiling_counts_the_verify_cost():
+    from specdec.bench import ceiling_speedup, ideal_speedup, verify_cost
+
+    assert ceiling_speedup(3.0, 4, 0.1, 1.0) == pytest.approx(3.0 / 1.4)  # v = 1: Leviathan's ideal
+    assert ideal_speedup(1.0, 2, 0.0) == pytest.approx(3.0)
+    assert ceiling_speedup(3.0, 4, 0.1, 2.0) == pytest.approx(3.0 / 2.4)
+    # v interpolates between the widths either side of k + 1, from the timings it is handed
+    measured = {1: 1.0, 3: 1.5, 4: 2.5}
+    assert verify_cost(None, 1, 2.0, measured=measured) == pytest.approx(1.5)
+    assert verify_cost(None, 1, 2.5, measured=measured) == pytest.approx(2.0)
+    assert verify_cost(None, 1, 0.0, measured=measured) == pytest.approx(1.0)
