@@ -205,7 +205,8 @@ class CachedModel:
             self._spec, self._spec_valid = [], []
             self._speculative_read = 0
             return
-        if self._speculative_read:  # a plain step read only committed tokens: nothing to drop
+        # A plain step read only committed tokens: nothing to drop (recurrent states still close their round).
+        if self._speculative_read or self.slots.recurrent is not None:
             self.slots.drop_tail(self._round_columns, keep_columns=self._catch_up_columns + kept)
         self._round_columns = self._catch_up_columns = self._speculative_read = 0
         self.slots.maybe_compact(self._widest(state, rows_host))

@@ -31,9 +31,13 @@ def relay(method: Callable, after: Callable | None = None):
     name = method.__name__
 
     def hook(self, *args):
-        with self.blame(name):
+        try:  # what ``blame`` does, inline: a context manager per hook call is measurable in the loop
             result = getattr(self, name)(*args)
             return result if after is None else after(self, args, result)
+        except PluginError:
+            raise
+        except Exception as exc:
+            raise self.plugin_error(name, exc) from exc
 
     hook.__wrapped__ = method
     hook.__name__ = hook.__qualname__ = f"specdec_{name}"
@@ -63,11 +67,15 @@ class Component:
         except PluginError:
             raise
         except Exception as exc:
-            raise PluginError(
-                f"{self.plugin_label} failed in {hook}: {type(exc).__name__}: {exc}",
-                plugin=self.name or type(self).__name__,
-                hook=hook,
-            ) from exc
+            raise self.plugin_error(hook, exc) from exc
+
+    def plugin_error(self, hook: str, exc: Exception) -> PluginError:
+        """The ``PluginError`` naming this plugin and ``hook`` for ``exc``."""
+        return PluginError(
+            f"{self.plugin_label} failed in {hook}: {type(exc).__name__}: {exc}",
+            plugin=self.name or type(self).__name__,
+            hook=hook,
+        )
 
     def begin(self, state, target) -> None:
         """A new request starts: reset per-request state (per-row state indexed by original row id)."""

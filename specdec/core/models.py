@@ -314,6 +314,10 @@ class CausalLMRunner:
                                                prompt_lengths=slots.prompt_lengths)
         elif not slots.attends:
             attention_mask = valid.long()
+        elif input_ids.shape[1] == 1 and input_ids.device.type == "cpu" and bool(attention_mask.all()):
+            # A plain step over a cache without holes attends to every slot: no mask, as generate
+            # passes none without padding (transformers would check the 2D mask and drop it anyway).
+            attention_mask = None
         kwargs = {}
         if self._logits_to_keep:
             kwargs["logits_to_keep"] = logits_to_keep
