@@ -12,6 +12,23 @@ Whisper's encoder always reads a 30-second window: longer utterances give more l
 encoder pass (the teacher pass's main cost). No sentence equals or contains an eval sentence, or
 is contained in one. ``--merge DIR`` writes ``OUT/all/utterances.json`` listing DIR's utterances
 and these (absolute paths), for ``specdec drafter distill-whisper --audio-dir OUT/all``.
+
+``--sources`` takes more English than the standard library's docstrings (default: ``stdlib`` only,
+which rebuilds the shipped draft's first set byte-identically), all offline:
+
+- ``pydoc``: the Python reference manual's prose that ``pydoc`` ships (``pydoc_data.topics``);
+- ``packages``: docstrings of the third-party packages installed next to this Python (read with
+  ``ast``, nothing imported), each package a source of its own;
+- ``metadata``: the long descriptions in the installed packages' ``METADATA``;
+- ``docs``: ``/usr/share/doc`` READMEs, NEWS and copyright files, and ``/usr/share/common-licenses``.
+
+Only plain sentences are kept (``plain_sentences``: 6-24 words, starting with a capital and ending
+with . ! or ?, no digits, code symbols, URLs, CamelCase or dotted names, no very long words). With
+several sources, each source's sentences are shuffled (``--seed``) and the sources are interleaved
+one sentence at a time, so every prefix of the set (a subset for quick trials) mixes all of them.
+
+    python benchmarks/build_speech_train_prose.py --out /tmp/speech-prose-big --count 1200 --seconds 24 \
+        --sources stdlib,pydoc,packages,metadata,docs --merge /tmp/speech-train --merge-templates 40
 """
 
 from __future__ import annotations
@@ -32,6 +49,159 @@ from build_speech_eval import missing_tools, speak  # noqa: E402
 from speech_eval_data import EVAL_SENTENCES, VOICES  # noqa: E402
 
 SENTENCE = re.compile(r"[A-Z][a-z][^.!?]*[a-z][.!?]")
+SYMBOLS = re.compile(r"[_=(){}\[\]<>*`#|\\/@$%^~0-9&+:;\"]|\.\w|--|\.\.|\bhttps?\b|\bwww\b")
+CODE_WORD = re.compile(r"[a-z][A-Z]|[A-Z]{2,}[a-z]|^[a-z]+[A-Z]")
+SOURCES = ("stdlib", "pydoc", "packages", "metadata", "docs")
+# Third-party packages whose docstrings are read (those installed; the venv's own tools are left out).
+PACKAGES = ("transformers", "torch", "numpy", "scipy", "sympy", "networkx", "hypothesis", "rich", "typer", "click",
+            "pydantic", "huggingface_hub", "jinja2", "accelerate", "pygments", "attr", "anyio", "more_itertools",
+            "requests", "urllib3", "markdown_it", "fsspec", "filelock", "mpmath", "jiwer", "rapidfuzz",
+            "safetensors", "tokenizers", "faster_whisper", "ctranslate2", "gguf", "psutil", "packaging",
+            "pluggy", "_pytest", "yaml", "tqdm", "soundfile", "av", "onnxruntime", "setuptools", "pip")
+
+
+def plain_sentences(text: str) -> list[str]:
+    """The plain English sentences of ``text``: 6-24 words, from a capital to . ! or ? followed by a
+    space or the end, without digits, code symbols, URLs, CamelCase or dotted names, or words over 18 letters. Paragraphs are
+    split at blank lines and their whitespace joined, so a sentence may span lines."""
+    out = []
+    for paragraph in re.split(r"\n\s*\n", text):
+        joined = " ".join(paragraph.split())
+        for match in SENTENCE.finditer(joined):
+            sentence = match.group()
+            if joined[match.end() : match.end() + 1] not in ("", " "):
+                continue  # cut at a dotted name ("torch.nn") or an abbreviation ("e.g.")
+            words = sentence.split()
+            if not 6 <= len(words) <= 24 or SYMBOLS.search(sentence[:-1]):
+                continue
+            if any(CODE_WORD.search(w) or len(w) > 18 for w in words):
+                continue
+            letters = sum(c.isalpha() for c in sentence)
+            if letters < 0.75 * len(sentence):
+                continue
+            out.append(sentence)
+    return out
+
+
+def interleave(sources: list[list[str]]) -> list[str]:
+    """One sentence of each source in turn (a source that runs out drops out)."""
+    out = []
+    for index in range(max((len(s) for s in sources), default=0)):
+        out += [s[index] for s in sources if index < len(s)]
+    return out
+
+
+def disjoint(sentences, seen: set[str]) -> list[str]:
+    """``sentences`` less those seen before, and those that equal, contain or are contained in an eval
+    sentence (``seen`` is updated)."""
+    evals = [s.lower() for group in EVAL_SENTENCES.values() for s in group]
+    out = []
+    for sentence in sentences:
+        low = sentence.lower()
+        if low in seen or any(e in low or low in e for e in evals):
+            continue
+        seen.add(low)
+        out.append(sentence)
+    return out
+
+
+def pydoc_texts() -> list[str]:
+    from pydoc_data.topics import topics
+
+    return [topics[name] for name in sorted(topics)]
+
+
+def _site_packages() -> Path:
+    import sysconfig
+
+    return Path(sysconfig.get_paths()["purelib"])
+
+
+def package_texts(package: str) -> list[str]:
+    """The docstrings (module, class, function) of every .py file of ``package``, read with ``ast``."""
+    import ast
+
+    root = _site_packages() / package
+    files = sorted(root.rglob("*.py")) if root.is_dir() else ([root.with_suffix(".py")] if root.with_suffix(".py").is_file() else [])
+    out = []
+    for file in files:
+        if any(part in ("tests", "test", "testing", "_vendor", "vendor") for part in file.relative_to(root.parent).parts):
+            continue
+        try:
+            tree = ast.parse(file.read_text(encoding="utf-8", errors="replace"))
+        except (SyntaxError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                doc = ast.get_docstring(node)
+                if doc:
+                    out.append(doc)
+    return out
+
+
+def metadata_texts() -> list[str]:
+    """The long descriptions (the body after the headers) of the installed packages' METADATA."""
+    out = []
+    for file in sorted(_site_packages().glob("*.dist-info/METADATA")):
+        text = file.read_text(encoding="utf-8", errors="replace")
+        _, _, body = text.partition("\n\n")
+        out.append(body)
+    return out
+
+
+def doc_texts(roots=(Path("/usr/share/doc"), Path("/usr/share/common-licenses"))) -> list[str]:
+    """README, NEWS and copyright files under /usr/share/doc (gzip too) and the common licenses."""
+    import gzip
+
+    out = []
+    for root in roots:
+        if not root.is_dir():
+            continue
+        for file in sorted(root.rglob("*")):
+            name = file.name.lower()
+            if not file.is_file() or file.is_symlink():
+                continue
+            if root.name == "doc" and not name.startswith(("readme", "news", "copyright", "changes", "faq")):
+                continue
+            try:
+                data = file.read_bytes()
+                if name.endswith(".gz"):
+                    data = gzip.decompress(data)
+                out.append(data[:200_000].decode("utf-8", errors="replace"))
+            except (OSError, EOFError, ValueError):
+                continue
+    return out
+
+
+def source_sentences(sources, seed: int = 0) -> list[str]:
+    """The sentences of ``sources`` (names in SOURCES), disjoint from the eval set and each other:
+    ``stdlib`` alone in module order (the shipped draft's set); several, each shuffled with ``seed``
+    and interleaved (each third-party package a source of its own)."""
+    import random
+
+    if list(sources) == ["stdlib"]:
+        return stdlib_sentences()
+    seen: set[str] = set()
+    groups = []
+    for source in sources:
+        if source == "stdlib":
+            groups.append(stdlib_sentences())
+        elif source == "pydoc":
+            groups.append([x for text in pydoc_texts() for x in plain_sentences(text)])
+        elif source == "packages":
+            groups += [[x for text in package_texts(p) for x in plain_sentences(text)] for p in PACKAGES]
+        elif source == "metadata":
+            groups.append([x for text in metadata_texts() for x in plain_sentences(text)])
+        elif source == "docs":
+            groups.append([x for text in doc_texts() for x in plain_sentences(text)])
+        else:
+            raise SystemExit(f"unknown source {source!r}: one of {', '.join(SOURCES)}")
+    kept = []
+    for group in groups:
+        group = disjoint(group, seen)
+        random.Random(seed).shuffle(group)
+        kept.append(group)
+    return interleave(kept)
 
 
 def stdlib_sentences() -> list[str]:
@@ -78,10 +248,12 @@ def main() -> int:
     parser.add_argument("--merge", type=Path, help="another split to list with these in OUT/all/utterances.json")
     parser.add_argument("--merge-templates", type=int, default=-1,
                         help="of --merge's template sentences (ids with 'gen'), keep only the first N (-1: all)")
+    parser.add_argument("--sources", default="stdlib", help=f"comma-separated, of {', '.join(SOURCES)} (see above)")
+    parser.add_argument("--seed", type=int, default=0, help="the shuffle of each source's sentences")
     args = parser.parse_args()
     if missing_tools():
         raise SystemExit(f"needs {' and '.join(missing_tools())} on PATH")
-    sentences = stdlib_sentences()
+    sentences = source_sentences([x.strip() for x in args.sources.split(",") if x.strip()], args.seed)
     # About 2.6 words per second at espeak's speeds here: a word budget per utterance.
     budget = int(args.seconds * 2.6)
     groups, current = [], []

@@ -81,3 +81,32 @@ class TestWordErrorRate:
         pytest.importorskip("jiwer")
         assert wer(["Der Zug fährt ab."], ["der zug fährt ab"], "de") == 0
         assert wer(["Il a plu toute la journée."], ["il a plu toute la semaine"], "fr") == pytest.approx(1 / 6)
+
+
+class TestTrainingProse:
+    """build_speech_train_prose.py's sentence filter and mixing (no espeak-ng, no weights)."""
+
+    def test_only_plain_sentences_are_kept(self):
+        prose = load("build_speech_train_prose")
+        text = ("Returns the number of items that are still waiting in the queue.\n"
+                "This makes the functions in torch.nn available to every module here. "
+                "Set max_length to 20 before calling the function again please. "
+                "See https colon slash slash example dot com for all of the details. "
+                "The BertModel class wraps the encoder and the pooler layers. "
+                "Too short a line. "
+                "The value is cached, e.g. on the first call of the method here.\n\n"
+                "Each sentence may wrap across\nlines of one paragraph and still be kept whole.")
+        assert prose.plain_sentences(text) == [
+            "Returns the number of items that are still waiting in the queue.",
+            "Each sentence may wrap across lines of one paragraph and still be kept whole.",
+        ]
+
+    def test_sources_are_interleaved_and_kept_disjoint_from_the_eval_set(self):
+        prose = load("build_speech_train_prose")
+        data = load("speech_eval_data")
+        assert prose.interleave([["a1", "a2", "a3"], ["b1"], ["c1", "c2"]]) == ["a1", "b1", "c1", "a2", "c2", "a3"]
+        eval_sentence = data.EVAL_SENTENCES["en"][0]
+        seen: set[str] = set()
+        kept = prose.disjoint(["One plain sentence about a queue of tasks.", "One plain sentence about a queue of tasks.",
+                               f"He said: {eval_sentence}", eval_sentence[:-1]], seen)
+        assert kept == ["One plain sentence about a queue of tasks."]

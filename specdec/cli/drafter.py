@@ -115,6 +115,7 @@ def distill_whisper(
     holdout: float = typer.Option(0.05, help="Share of utterances held out to measure top-1 agreement."),
     train_cross_kv: bool = typer.Option(False, help="Also train the cross-attention key/value projections (3x slower)."),
     cache: Optional[Path] = typer.Option(None, help="Keep the teacher pass (encoder outputs, pseudo-labels) in this file."),
+    teacher_batch_size: int = typer.Option(0, help="Utterances per batch of the teacher pass (0: --batch-size)."),
     threads: int = typer.Option(0, help="torch threads (0: torch's default)."),
     seed: int = typer.Option(0, help="Seed for the split, the batches and the order."),
 ):
@@ -156,6 +157,7 @@ def distill_whisper(
             report = distill_whisper_draft(
                 model, processor, audio_dir, out, layers=layer_ids, vocab=vocab, epochs=epochs, batch_size=batch_size,
                 lr=lr, holdout=holdout, seed=seed, cache=cache, on_progress=on_progress, train_cross_kv=train_cross_kv,
+                teacher_batch_size=teacher_batch_size or None,
                 languages=[x.strip() for x in languages.split(",") if x.strip()] or None,
             )
     except (SpecdecError, OSError) as exc:

@@ -93,57 +93,92 @@ def teacher_pass(target, processor, utterances: Sequence[Utterance], batch_size:
 
     from ..audio import read_audio
 
-    states, labels = [], []
+    # Batched by duration (shortest first): rows of a batch then need about as many tokens, and
+    # ``generate`` wastes fewer steps on rows that have finished. Returned in the given order.
+    order = sorted(range(len(utterances)), key=lambda i: utterances[i].seconds)
+    states: list[torch.Tensor | None] = [None] * len(utterances)
+    labels: list[list[int] | None] = [None] * len(utterances)
     eot = target.generation_config.eos_token_id
     eot = eot[0] if isinstance(eot, list) else eot
-    for start in range(0, len(utterances), batch_size):
-        batch = utterances[start : start + batch_size]
+    for start in range(0, len(order), batch_size):
+        rows = order[start : start + batch_size]
+        batch = [utterances[i] for i in rows]
         audio = [read_audio(u.path).samples for u in batch]
         features = processor.feature_extractor(audio, sampling_rate=16000, return_tensors="pt").input_features
         features = features.to(device=target.device, dtype=target.dtype)
         encoded = target.model.encoder(features).last_hidden_state  # [b, frames, D]
         out = target.generate(features, encoder_outputs=BaseModelOutput(last_hidden_state=encoded),
                               language=[u.language for u in batch], task="transcribe", return_timestamps=False)
-        for row, u in enumerate(batch):
+        for row, (i, u) in enumerate(zip(rows, batch)):
             text = [int(t) for t in out[row].tolist() if int(t) != eot]
-            labels.append(prompt_ids(target, u.language) + text + [eot])
-        states.append(encoded.to(torch.float16).cpu())
+            labels[i] = prompt_ids(target, u.language) + text + [eot]
+            states[i] = encoded[row].to(torch.float16).cpu()
         if on_progress is not None:
             on_progress("teacher", min(start + batch_size, len(utterances)), len(utterances))
     lengths = {len(prompt_ids(target, u.language)) for u in utterances}
-    return TeacherData(torch.cat(states), labels, max(lengths))
+    return TeacherData(torch.stack(states), labels, max(lengths))
+
+
+def _target_key(target) -> str:
+    """A digest of the target's config, dtype and a sample of its weights."""
+    digest = hashlib.sha256(target.config.to_json_string(use_diff=False).encode())
+    digest.update(str(target.dtype).encode())
+    parameters = list(target.parameters())
+    for parameter in parameters[:: max(1, len(parameters) // 16)]:
+        digest.update(parameter.detach().float().cpu().numpy().tobytes()[:4096])
+    return digest.hexdigest()
+
+
+def _utterance_key(u: Utterance) -> str:
+    return hashlib.sha256(u.language.encode() + Path(u.path).read_bytes()).hexdigest()
 
 
 def cached_teacher_pass(target, processor, utterances, cache: str | Path | None, batch_size: int = 8,
                         on_progress: Progress | None = None) -> TeacherData:
-    """``teacher_pass``, kept in ``cache`` (keyed by the audio files' bytes, the target's config and
-    weights); a cache for other audio or another target is recomputed."""
+    """``teacher_pass``, kept in ``cache``. Rows are keyed per utterance (its audio bytes and language)
+    under a key of the target (config, dtype, weights): a later run on the same target reuses every
+    utterance the file holds and computes only the others (a subset of a cached set costs nothing, a
+    superset only its new utterances); the file then holds the union. A cache for another target,
+    or a broken one, is recomputed."""
     if cache is None:
         return teacher_pass(target, processor, utterances, batch_size, on_progress)
-    digest = hashlib.sha256(target.config.to_json_string(use_diff=False).encode())
-    digest.update(str(target.dtype).encode())
-    for parameter in list(target.parameters())[:: max(1, len(list(target.parameters())) // 16)]:
-        digest.update(parameter.detach().float().cpu().numpy().tobytes()[:4096])
-    for u in utterances:
-        digest.update(u.language.encode() + Path(u.path).read_bytes())
-    key = digest.hexdigest()
+    target_key = _target_key(target)
+    keys = [_utterance_key(u) for u in utterances]
     cache = Path(cache).expanduser()
+    saved = None
     if cache.is_file():
         try:
             saved = torch.load(cache, map_location="cpu", weights_only=True)
-            if saved.get("key") == key:
-                if on_progress is not None:
-                    on_progress("teacher", len(utterances), len(utterances))
-                return TeacherData(saved["encoder_states"], saved["labels"], int(saved["prompt_length"]))
+            if saved.get("target_key") != target_key or len(saved["utterance_keys"]) != len(saved["labels"]):
+                saved = None
         except Exception:  # noqa: BLE001 - a broken cache is recomputed
-            pass
-    data = teacher_pass(target, processor, utterances, batch_size, on_progress)
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    temporary = cache.with_name(cache.name + ".tmp")
-    torch.save({"key": key, "encoder_states": data.encoder_states, "labels": data.labels,
-                "prompt_length": data.prompt_length}, temporary)
-    temporary.replace(cache)
-    return data
+            saved = None
+    have = {key: row for row, key in enumerate(saved["utterance_keys"])} if saved else {}
+    missing = [i for i, key in enumerate(keys) if key not in have]
+    if missing:
+        done = len(utterances) - len(missing)
+
+        def progress(phase, count, total):
+            if on_progress is not None:
+                on_progress(phase, done + count, len(utterances))
+
+        fresh = teacher_pass(target, processor, [utterances[i] for i in missing], batch_size, progress)
+        old_keys = list(saved["utterance_keys"]) if saved else []
+        new_keys = [keys[i] for i in missing]
+        states = torch.cat([saved["encoder_states"], fresh.encoder_states]) if saved else fresh.encoder_states
+        labels = (list(saved["labels"]) if saved else []) + fresh.labels
+        saved = {"target_key": target_key, "utterance_keys": old_keys + new_keys, "encoder_states": states,
+                 "labels": labels}
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        temporary = cache.with_name(cache.name + ".tmp")
+        torch.save(saved, temporary)
+        temporary.replace(cache)
+        have = {key: row for row, key in enumerate(saved["utterance_keys"])}
+    elif on_progress is not None:
+        on_progress("teacher", len(utterances), len(utterances))
+    rows = [have[key] for key in keys]
+    lengths = {len(prompt_ids(target, u.language)) for u in utterances}
+    return TeacherData(saved["encoder_states"][rows], [saved["labels"][r] for r in rows], max(lengths))
 
 
 def special_tokens(target) -> list[int]:
@@ -253,6 +288,7 @@ def distill_whisper_draft(
     languages: Sequence[str] | None = None,
     seed: int = 0,
     cache: str | Path | None = None,
+    teacher_batch_size: int | None = None,
     on_progress: Progress | None = None,
 ) -> DistillReport:
     """Train a reduced-head shared-encoder draft for the Whisper ``target`` on the audio listed in
@@ -261,19 +297,22 @@ def distill_whisper_draft(
     ``layers``: which of the target's decoder layers the draft's layers start from (Distil-Whisper:
     the first and the last). ``vocab``: tokens in the head. ``train_cross_kv``: train the
     cross-attention key and value projections too (Distil-Whisper does; about 3x the step's cost). ``cache``: a file for the teacher pass
-    (encoder outputs and pseudo-labels), reused by a later run on the same audio and target.
+    (encoder outputs and pseudo-labels), reused by a later run on the same target for every utterance
+    it holds. ``teacher_batch_size``: utterances per batch of the teacher pass (default
+    ``batch_size``); larger batches make ``generate``'s steps cheaper per utterance on a CPU, and
+    the labels are the same greedy transcripts (every row is a full 30-second window: no padding).
     ``on_progress(phase, done, total)`` follows the teacher pass and the training steps.
     """
     decoder_layers = target.config.decoder_layers
     if not layers or any(not 0 <= i < decoder_layers for i in layers):
         raise InputError(f"layers must be indices of the target's {decoder_layers} decoder layers, got {list(layers)}")
-    if epochs < 1 or batch_size < 1 or not 0.0 <= holdout < 1.0 or lr <= 0:
-        raise InputError("epochs and batch_size must be >= 1, holdout in [0, 1), lr > 0")
+    if epochs < 1 or batch_size < 1 or (teacher_batch_size or 1) < 1 or not 0.0 <= holdout < 1.0 or lr <= 0:
+        raise InputError("epochs, batch_size and teacher_batch_size must be >= 1, holdout in [0, 1), lr > 0")
     started = time.perf_counter()
     torch.manual_seed(seed)
     target.eval()
     utterances = read_utterances(audio_dir, languages)
-    data = cached_teacher_pass(target, processor, utterances, cache, batch_size, on_progress)
+    data = cached_teacher_pass(target, processor, utterances, cache, teacher_batch_size or batch_size, on_progress)
     order = torch.randperm(len(utterances), generator=torch.Generator().manual_seed(seed)).tolist()
     held = max(1, round(len(order) * holdout)) if holdout else 0
     test, train = order[:held], order[held:]
