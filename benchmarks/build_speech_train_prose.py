@@ -211,7 +211,6 @@ def stdlib_sentences() -> list[str]:
     names = sorted(m.name for m in pkgutil.iter_modules() if m.module_finder.path.endswith(("lib/python3.11", "python3.11"))
                    and not m.name.startswith("_"))
     seen, out = set(), []
-    evals = [s.lower() for sentences in EVAL_SENTENCES.values() for s in sentences]
     for name in names:
         if name in ("antigravity", "this", "idlelib", "turtledemo", "tkinter", "turtle"):
             continue
@@ -228,15 +227,9 @@ def stdlib_sentences() -> list[str]:
         for doc in docs:
             for paragraph in doc.split("\n\n"):
                 text = " ".join(paragraph.split())
-                for sentence in SENTENCE.findall(text):
-                    words = sentence.split()
-                    if not 6 <= len(words) <= 24 or re.search(r"[_=(){}\[\]<>*`#|\\/@$%^~0-9]|\.\w", sentence[:-1]):
-                        continue
-                    low = sentence.lower()
-                    if low in seen or any(e in low or low in e for e in evals):
-                        continue
-                    seen.add(low)
-                    out.append(sentence)
+                kept = [sentence for sentence in SENTENCE.findall(text) if 6 <= len(sentence.split()) <= 24
+                        and not re.search(r"[_=(){}\[\]<>*`#|\\/@$%^~0-9]|\.\w", sentence[:-1])]
+                out += disjoint(kept, seen)
     return out
 
 
