@@ -390,3 +390,27 @@ class TestInTheLoop:
         assert policy.decision is not None
         widths = [s.draft.width for s in steps[len(steps) // 2 :]]
         assert max(widths) == 6 and sum(w == 6 for w in widths) >= len(widths) / 2
+
+
+def test_the_catch_up_is_charged_to_the_plain_steps():
+    """A drafted iteration after plain ones took 9 s where the fit says k costs 2-3 s: the excess
+    belongs to the plain steps that made the drafter fall behind, not to k."""
+    now = [0.0]
+    policy = CostAwareLookahead(clock=lambda: now[0], load_rate=0.0, probe_rate=0.0)
+    fed(policy, 1, {0: 1.0, 2: 2.0, 4: 3.0}, repeats=1)
+    fit = policy._fits[1]
+    state = fake_state(1)
+    policy.begin(state, None)
+    plain_before = fit.mean[0]
+    policy._pending, policy._drafted = (1, 1, 0, now[0], True), False  # iteration 1: a plain step
+    now[0] += 1.0
+    state.iteration = 2
+    policy.plan(state, alpha=torch.tensor([0.99]))  # records the plain step (1 s); iteration 2 drafts
+    k = policy.decision.k
+    assert k > 0 and policy._plain_run == 1
+    now[0] += fit.costs([k])[k] + 4.0  # the catch-up adds 4 s
+    drafted_cells = {kk: (fit.weight[kk], fit.mean[kk]) for kk in fit.weight if kk > 0}
+    state.iteration = 3
+    policy.plan(state, alpha=torch.tensor([0.99]))
+    assert {kk: (fit.weight[kk], fit.mean[kk]) for kk in fit.weight if kk > 0} == drafted_cells  # k took none of it
+    assert fit.mean[0] > plain_before + 1.0  # the plain-step cell did

@@ -30,10 +30,11 @@ forward passes and no host syncs of its own:
   1 / probe_rate iterations); each probe that leaves the best k where it was makes the next one
   twice as rare, up to ``probe_backoff`` times, and a probe that moves it restores the rate: where
   speculation keeps not paying, probing (a drafted iteration at a loss) costs less and less.
-* **Catch-up is not cost.** A model drafter that sat out plain steps (or has not read the prompt
-  yet) first reads every token committed meanwhile; that one-off is not what an iteration of k
-  costs, so an iteration that drafts right after one that did not is not recorded (a probe out of
-  plain steps therefore drafts twice: the first pays the catch-up, the second is timed).
+* **Catch-up is the plain steps' cost.** A model drafter that sat out plain steps (or has not read
+  the prompt yet) first reads every token committed meanwhile. That is not what an iteration of k
+  costs, so an iteration that drafts right after one that did not is not recorded as k (a probe out
+  of plain steps therefore drafts twice: the first pays the catch-up, the second is timed); what it
+  took beyond the fit's k is charged to the plain-step cell, spread over the run that caused it.
 
 ``clock`` (default ``time.perf_counter``) is injectable so tests drive the policy with a fake clock.
 ``decisions`` keeps the last choice made (for traces and tests).
@@ -227,6 +228,7 @@ class CostAwareLookahead(LookaheadPolicy):
     _probe_next: int | None = attrs.field(default=None, init=False, repr=False)  # a probe's timed second iteration
     _pending: tuple | None = attrs.field(default=None, init=False, repr=False)
     _drafted: bool = attrs.field(default=False, init=False, repr=False)  # the last planned iteration drafted
+    _plain_run: int = attrs.field(default=0, init=False, repr=False)  # plain steps recorded since the last draft
 
     # --- the estimates ---------------------------------------------------------------------------
 
@@ -281,6 +283,7 @@ class CostAwareLookahead(LookaheadPolicy):
         self._failure = torch.zeros(state.batch_size, dtype=torch.float64)
         self._pending = None
         self._drafted = False
+        self._plain_run = 0
         self._probe_next = None
         self.requested = None
 
@@ -347,14 +350,27 @@ class CostAwareLookahead(LookaheadPolicy):
         (the draft, the verify and the loop's sync, the drafter's cache bookkeeping after
         ``on_step``, rows leaving the batch) is inside. Not recorded: the first iteration of a
         request (it also reads the prompt), the last (no lookahead follows it), and one that
-        drafted after one that did not (the drafter's catch-up on the tokens it sat out)."""
+        drafted after one that did not: the drafter's catch-up on the tokens it sat out is a cost
+        of those plain steps, so what that iteration took beyond the fit's k is charged to the
+        plain-step cell, spread over the run of plain steps that caused it."""
         if self._pending is None:
             return
         previous, batch, width, started, warm = self._pending
         self._pending = None
-        if previous > 0 and iteration == previous + 1 and (width == 0 or warm):
-            fit = self._fits.setdefault(bucket_of(batch), CostFit(log_batch=math.log2(batch)))
+        if not (previous > 0 and iteration == previous + 1):
+            self._plain_run = 0
+            return
+        fit = self._fits.setdefault(bucket_of(batch), CostFit(log_batch=math.log2(batch)))
+        if width == 0 or warm:
             fit.add(width, now - started, self.decay, self.load_rate)
+            self._plain_run = self._plain_run + 1 if width == 0 else 0
+            return
+        costs = fit.costs([width])
+        run, self._plain_run = self._plain_run, 0
+        if costs is not None and run and fit.weight.get(0, 0.0) > 0:
+            # Not clipped at 0: a noisy negative excess cancels a noisy positive one instead of biasing k = 0 up.
+            excess = (now - started) / fit.load - costs[width]
+            fit.mean[0] = max(fit.mean[0] + excess / run * min(1.0, run / fit.weight[0]), 1e-9)
 
     def on_step(self, state, step) -> None:
         requested = self.requested
