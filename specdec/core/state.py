@@ -128,13 +128,9 @@ class DecodeState:
         self.sequences[self.rows[:, None], write_at] = appended
         self.lengths[self.rows] = lengths + count
 
-        rows_host = self.rows_host
-        if device.type == "cpu":  # the numbers are on the host already: no copy, nothing to recompute
-            self.sequences_host[rows_host[:, None], write_at] = appended
-            self.lengths_host[rows_host] += count
-            return Committed(accepted, count, finished, drafted)
         synced = torch.cat([torch.stack([accepted, count, finished.long(), drafted], dim=1), appended], dim=1).cpu()
         accepted_host, count_host, finished_host, drafted_host = synced[:, :4].unbind(1)
+        rows_host = self.rows_host
         position_host = torch.arange(appended.shape[1])[None, :]
         write_at_host = torch.where(
             position_host < count_host[:, None], self.lengths_host[rows_host][:, None] + position_host, trash
