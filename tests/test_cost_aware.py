@@ -144,12 +144,37 @@ class TestChoice:
         assert decision.k == max(expected, key=expected.get) == 8
 
     def test_picks_the_argmax_of_tokens_per_second(self):
-        policy = fed(CostAwareLookahead(max_k=8), 4, {0: 10.0, 1: 14.0, 5: 22.0})  # T = 12 + 2k for k >= 1
+        policy = fed(CostAwareLookahead(max_k=8, objective="throughput"), 4, {0: 10.0, 1: 14.0, 5: 22.0})  # T = 12 + 2k for k >= 1
         alpha = torch.tensor([0.7, 0.8, 0.6, 0.75], dtype=torch.float64)
         decision = policy.choose(4, alpha, torch.full((4,), 100))
         gains = {0: 4 / 10.0, **{k: float(expected_tokens(alpha, k).sum()) / (12 + 2 * k) for k in range(1, 9)}}
         assert decision.k == max(gains, key=gains.get)
         assert decision.goodput == pytest.approx(gains)
+
+    def test_makespan_waits_for_the_slowest_row(self):
+        """Three rows that accept 95% and one that accepts 30%, all with 100 tokens to go: the
+        rows' tokens per second say draft, but the batch ends with the slow row, which gains less
+        from drafting than the wider iteration costs."""
+        costs = {0: 10.0, 1: 14.0, 5: 22.0}  # T = 12 + 2k for k >= 1
+        alpha = torch.tensor([0.95, 0.95, 0.95, 0.3], dtype=torch.float64)
+        budget = torch.full((4,), 99)
+        throughput = fed(CostAwareLookahead(objective="throughput"), 4, costs).choose(4, alpha, budget)
+        makespan = fed(CostAwareLookahead(), 4, costs).choose(4, alpha, budget)
+        assert throughput.k > 0 and makespan.k == 0
+        slow = {0: 1 / 10.0, **{k: float(expected_tokens(0.3, k)) / (12 + 2 * k) for k in range(1, 9)}}
+        assert makespan.goodput == pytest.approx({k: 4 * 100 * rate / 100 for k, rate in slow.items()})
+
+    def test_makespan_ignores_a_slow_row_that_is_nearly_done(self):
+        costs = {0: 10.0, 1: 14.0, 5: 22.0}
+        decision = fed(CostAwareLookahead(), 2, costs).choose(2, torch.tensor([0.95, 0.3]), torch.tensor([99, 1]))
+        assert decision.k > 0
+
+    def test_the_objectives_agree_on_one_row(self):
+        costs = {0: 10.0, 1: 14.0, 5: 22.0}
+        alpha, budget = torch.tensor([0.8]), torch.tensor([40])
+        one = fed(CostAwareLookahead(objective="throughput"), 1, costs).choose(1, alpha, budget)
+        other = fed(CostAwareLookahead(), 1, costs).choose(1, alpha, budget)
+        assert one.k == other.k and one.goodput == pytest.approx(other.goodput)
 
     def test_expensive_drafts_or_low_acceptance_fall_back_to_plain_steps(self):
         policy = fed(CostAwareLookahead(), 1, {0: 10.0, 1: 20.0, 4: 50.0})
@@ -340,6 +365,7 @@ class TestOptions:
             ({"clock": "fast"}, "clock"),
             ({"probe_backoff": 0}, "probe_backoff"),
             ({"max_k": "8"}, "max_k"),
+            ({"objective": "fastest"}, "objective"),
         ],
     )
     def test_invalid_options_name_the_field(self, options, field):
