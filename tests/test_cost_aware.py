@@ -232,7 +232,7 @@ class TestTiming:
         fed(policy, 1, {0: 1.0, 2: 2.0, 4: 3.0})
         state = fake_state(1)
         policy.begin(state, None)
-        policy._pending = (1, 1, 0, now[0], True)  # iteration 1 was a plain step
+        policy._pending = (1, 1, 0, now[0], True, False)  # iteration 1 was a plain step
         policy._drafted = False
         for iteration, seconds in [(2, 9.0), (3, 2.0)]:  # iteration 2 drafts (catching up), then 3
             state.iteration = iteration
@@ -428,7 +428,7 @@ def test_the_catch_up_is_charged_to_the_plain_steps():
     state = fake_state(1)
     policy.begin(state, None)
     plain_before = fit.mean[0]
-    policy._pending, policy._drafted = (1, 1, 0, now[0], True), False  # iteration 1: a plain step
+    policy._pending, policy._drafted = (1, 1, 0, now[0], True, False), False  # iteration 1: a plain step
     now[0] += 1.0
     state.iteration = 2
     policy.plan(state, alpha=torch.tensor([0.99]))  # records the plain step (1 s); iteration 2 drafts
@@ -440,3 +440,26 @@ def test_the_catch_up_is_charged_to_the_plain_steps():
     policy.plan(state, alpha=torch.tensor([0.99]))
     assert {kk: (fit.weight[kk], fit.mean[kk]) for kk in fit.weight if kk > 0} == drafted_cells  # k took none of it
     assert fit.mean[0] > plain_before + 1.0  # the plain-step cell did
+
+
+def test_a_probes_catch_up_is_charged_to_nothing():
+    """The same 4 s catch-up after a probe out of plain steps: the probe's price, charged neither to
+    k nor to the plain steps (charged to them, the more often the policy probed, the dearer plain
+    steps looked, and the more it drafted where drafting did not pay)."""
+    now = [0.0]
+    policy = CostAwareLookahead(clock=lambda: now[0], load_rate=0.0, probe_rate=1.0)
+    fed(policy, 1, {0: 1.0, 2: 2.0, 4: 3.0}, repeats=1)
+    fit = policy._fits[1]
+    state = fake_state(1)
+    policy.begin(state, None)
+    policy._pending, policy._drafted = (1, 1, 0, now[0], True, False), False  # iteration 1: a plain step
+    now[0] += 1.0
+    state.iteration = 2
+    policy.plan(state, alpha=torch.tensor([0.01]))  # plain steps are best: the probe drafts
+    k = policy.decision.k
+    assert policy.decision.probing and policy.decision.best_k == 0 and k > 0
+    cells = {kk: (fit.weight[kk], fit.mean[kk]) for kk in fit.weight}
+    now[0] += fit.costs([k])[k] + 4.0
+    state.iteration = 3
+    policy.plan(state, alpha=torch.tensor([0.01]))
+    assert {kk: (fit.weight[kk], fit.mean[kk]) for kk in fit.weight} == cells

@@ -44,7 +44,8 @@ forward passes and no host syncs of its own:
   the prompt yet) first reads every token committed meanwhile. That is not what an iteration of k
   costs, so an iteration that drafts right after one that did not is not recorded as k (a probe out
   of plain steps therefore drafts twice: the first pays the catch-up, the second is timed); what it
-  took beyond the fit's k is charged to the plain-step cell, spread over the run that caused it.
+  took beyond the fit's k is charged to the plain-step cell, spread over the run that caused it,
+  when the policy chose to draft again; when a probe did, the catch-up is the probe's price.
 
 ``clock`` (default ``time.perf_counter``) is injectable so tests drive the policy with a fake clock.
 ``decisions`` keeps the last choice made (for traces and tests).
@@ -370,7 +371,7 @@ class CostAwareLookahead(LookaheadPolicy):
         requested = budget.clamp(max=k)  # [B]
         self.requested = requested
         width = int(requested.max()) if batch else 0
-        self._pending = (state.iteration, batch, width, now, self._drafted)
+        self._pending = (state.iteration, batch, width, now, self._drafted, self.decision.probing)
         self._drafted = width > 0
         return torch.full((batch,), k, dtype=torch.long)
 
@@ -381,10 +382,11 @@ class CostAwareLookahead(LookaheadPolicy):
         request (it also reads the prompt), the last (no lookahead follows it), and one that
         drafted after one that did not: the drafter's catch-up on the tokens it sat out is a cost
         of those plain steps, so what that iteration took beyond the fit's k is charged to the
-        plain-step cell, spread over the run of plain steps that caused it."""
+        plain-step cell, spread over the run of plain steps that caused it, unless that iteration
+        was a probe (then the catch-up is what probing costs, kept rare by the probe back-off)."""
         if self._pending is None:
             return
-        previous, batch, width, started, warm = self._pending
+        previous, batch, width, started, warm, probe = self._pending
         self._pending = None
         if not (previous > 0 and iteration == previous + 1):
             self._plain_run = 0
@@ -396,7 +398,10 @@ class CostAwareLookahead(LookaheadPolicy):
             return
         costs = fit.costs([width])
         run, self._plain_run = self._plain_run, 0
-        if costs is not None and run and fit.weight.get(0, 0.0) > 0:
+        # A probe's catch-up is the probe's price, not the plain steps': charged to them, it made
+        # plain steps look dearer the more often the policy probed out of them, so where drafting
+        # never pays (batch 16) it drafted more and its probes stopped backing off.
+        if costs is not None and run and not probe and fit.weight.get(0, 0.0) > 0:
             # Not clipped at 0: a noisy negative excess cancels a noisy positive one instead of biasing k = 0 up.
             excess = (now - started) / fit.load - costs[width]
             fit.mean[0] = max(fit.mean[0] + excess / run * min(1.0, run / fit.weight[0]), 1e-9)
