@@ -137,19 +137,27 @@ def contenders(target, draft, policy: str, int8, assistant, hf_tokens: int | Non
         kwargs = {} if hf_tokens is None else {"num_assistant_tokens": hf_tokens, "num_assistant_tokens_schedule": "constant"}
         return target.generate(x, language="en", task="transcribe", assistant_model=assistant, **kwargs), None
 
-    def speculative(model):
+    def speculative(model, choice):
+        # One decoder for every call, as `specdec transcribe` keeps one over its files: a policy
+        # that measures (cost-aware) keeps what it learnt.
+        decoder = SpeculativeDecoder(target=target, drafter=SharedEncoderDrafter(model=model), policy=make_policy(choice))
+        whisper = WhisperSpeculativeDecoder(decoder)
+
         def run(x):
-            decoder = SpeculativeDecoder(target=target, drafter=SharedEncoderDrafter(model=model), policy=make_policy(policy))
-            whisper = WhisperSpeculativeDecoder(decoder)
             return whisper.generate(x, language="en", task="transcribe"), whisper.stats
 
         return run
 
-    out = {"base": (None, base), "specdec": (None, speculative(draft))}
+    choices = policy.split(",")
+    named = (lambda name, choice: name) if len(choices) == 1 else (lambda name, choice: f"{name} {choice}")
+    out = {"base": (None, base)}
+    for choice in choices:
+        out[named("specdec", choice)] = (None, speculative(draft, choice))
     if assistant is not None:
         out["hf-assisted"] = ({1}, assisted)
     if int8 is not None:
-        out["specdec-int8"] = (None, speculative(int8))
+        for choice in choices:
+            out[named("specdec-int8", choice)] = (None, speculative(int8, choice))
     return out
 
 
@@ -174,7 +182,7 @@ def measure(args) -> dict:
     assistant = full_head_assistant(draft, target) if "hf-assisted" in wanted else None
     int8 = int8_decoder(target) if "specdec-int8" in wanted else None
     runs = {name: value for name, value in contenders(target, draft, args.policy, int8, assistant,
-                                                      args.hf_assistant_tokens).items() if name in wanted}
+                                                      args.hf_assistant_tokens).items() if name.split()[0] in wanted}
     rows = load_utterances(args.audio_dir, args.limit)
     audio_seconds = [r["seconds"] for r in rows]
     results = {}
@@ -253,7 +261,8 @@ def main() -> int:
     parser.add_argument("--batch-sizes", default="1,4,16")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--limit", type=int, default=0, help="only the first N English utterances")
-    parser.add_argument("--policy", default="constant:4", help="constant:K | heuristic:K | cost-aware:MAXK")
+    parser.add_argument("--policy", default="constant:4",
+                        help="constant:K | heuristic:K | cost-aware:MAXK; comma-separated: one specdec contender each")
     parser.add_argument("--contenders", default="base,hf-assisted,specdec,specdec-int8")
     parser.add_argument("--hf-assistant-tokens", type=int, default=None)
     parser.add_argument("--threads", type=int, default=1)
