@@ -261,6 +261,22 @@ class TestShippedDraft:
         decoder = SpeculativeDecoder(target=target, drafter=SharedEncoderDrafter(model=draft), policy=ConstantLookahead(k=4))
         assert torch.equal(WhisperSpeculativeDecoder(decoder).generate(x, language="en"), target.generate(x, language="en"))
 
+    def test_the_shipped_config_is_cost_aware_and_exact(self):
+        """whisper.toml as `specdec transcribe` reads it: one decoder over several calls, so the
+        policy measures across them; every call gives base's tokens."""
+        from specdec.config import SpecdecConfig
+        from specdec.policies import CostAwareLookahead
+
+        config = SpecdecConfig.from_toml(SHIPPED / "whisper.toml")
+        target, _ = config.load_target()
+        decoder = SpeculativeDecoder.from_config(config, target=target)
+        assert isinstance(decoder.policy, CostAwareLookahead)
+        whisper = WhisperSpeculativeDecoder(decoder)
+        generator = torch.Generator().manual_seed(0)
+        for batch in (1, 2, 1):
+            x = torch.randn(batch, 80, 3000, generator=generator) * 0.5
+            assert torch.equal(whisper.generate(x, language="en"), target.generate(x, language="en"))
+
 
 class TestModelNames:
     """``model = "whisper-base"`` in a plugins.toml names the folder ``specdec models fetch`` converted."""
