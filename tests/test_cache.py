@@ -59,6 +59,53 @@ def test_holes_without_compaction_match_too():
     assert slots.compactions == 0 and slots.length == 5
 
 
+def test_what_every_row_drops_is_cut_off_not_kept_as_holes():
+    """Rows keep 2 and 3 of a block of 4: the last column is dropped by both, so it leaves the
+    cache; row 0's third column stays a hole. The logits are those of the compact sequences."""
+    model = tiny_model("llama")
+    runner = CausalLMRunner(model)
+    slots = runner.new_cache(2)
+    block = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
+    runner.forward(slots, block, torch.ones(2, 4, dtype=torch.bool), logits_to_keep=1)
+    slots.drop_tail(4, keep_columns=torch.tensor([2, 3]), common=1)
+    assert slots.length == 3 and slots.cuts == 1 and slots.n_valid.tolist() == [2, 3]
+    assert slots.slot_mask.tolist() == [[True, True, False], [True, True, True]]
+    assert slots.cache.get_seq_length() == 3
+    probe = torch.tensor([[20], [21]])
+    got = runner.forward(slots, probe, torch.ones(2, 1, dtype=torch.bool), logits_to_keep=1)[:, -1]
+    expected = torch.stack(
+        [model(torch.tensor([[5, 6, 20]])).logits[0, -1], model(torch.tensor([[9, 10, 11, 21]])).logits[0, -1]]
+    )
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+
+
+def test_a_batch_of_one_never_holds_a_hole():
+    """In the loop, a lone row's rejected drafts are cut off: its cache stays hole-free."""
+    from specdec import SpeculativeDecoder
+    from specdec.drafters import ModelDrafter
+    from specdec.policies import ConstantLookahead
+
+    from .conftest import perturbed_copy, tiny_llama
+
+    target = tiny_llama(20, vocab=32, layers=2, dtype=torch.float64, init=0.3)
+    decoder = SpeculativeDecoder(target=target, drafter=ModelDrafter(perturbed_copy(target, 0.3)),
+                                 policy=ConstantLookahead(k=4))
+    caches = []
+    original = decoder.drafter.on_step
+
+    def watch(state, step):
+        original(state, step)
+        caches.append((decoder.drafter._cached.slots.slot_mask.all().item(), int(step.accepted_host.sum()),
+                       int(step.drafted_host.sum())))
+
+    decoder.drafter.on_step = watch
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    out = decoder.generate(ids, max_new_tokens=24, do_sample=False)
+    assert torch.equal(out.sequences, target.generate(ids, max_new_tokens=24, do_sample=False))
+    assert any(accepted < drafted for _, accepted, drafted in caches)  # there were rejections
+    assert all(hole_free for hole_free, _, _ in caches)
+
+
 class TestAttentionLayout:
     """core/masks.py: windows counted in positions, one mask per layer kind."""
 

@@ -68,6 +68,7 @@ class SlotCache:
         # Static: active row b lives in physical row row_map[b] (finished rows stay until the batch bucket shrinks).
         self.row_map = torch.arange(batch_size, device=device) if capacity is not None else None
         self.regrowths = 0
+        self.cuts = 0  # drop_tail calls that cut columns off instead of leaving holes
         # Recurrent layers' states, rewound to each row's last kept token (core/recurrent.py).
         layers = _self_attention_layers(cache)
         recurrent = any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in layers)
@@ -152,14 +153,24 @@ class SlotCache:
         self.capacity = capacity
         self.regrowths += 1
 
-    def drop_tail(self, n: int, keep_columns: torch.Tensor, widest: int | None = None) -> None:
+    def drop_tail(self, n: int, keep_columns: torch.Tensor, widest: int | None = None, common: int = 0) -> None:
         """Of the last ``n`` slots, turn every column from ``keep_columns[b]`` on into a hole.
 
         ``widest``, when given, is the largest number of valid slots any row holds afterwards, as
-        the caller knows it on the host; it decides whether to compact.
+        the caller knows it on the host; it decides whether to compact. ``common`` (host int) is how
+        many of the last columns every row drops (``n`` less the largest ``keep_columns``): a
+        dynamic cache cuts them off instead of keeping them as holes, so that a batch of one never
+        holds a hole and its one-token steps need no mask.
         """
         if n == 0:
             return
+        if common > 0 and self._can_cut():
+            self._cut(common)
+            n -= common
+            if n == 0:
+                if widest is not None:
+                    self.maybe_compact(widest)
+                return
         if self.recurrent is not None:
             self.recurrent.rewind(keep_columns)
         keep_columns = self.to_physical(keep_columns)  # finished rows keep nothing new
@@ -173,6 +184,31 @@ class SlotCache:
             self.slot_mask = torch.cat([self.slot_mask[:, :-n], tail & kept], dim=1)
         if widest is not None:
             self.maybe_compact(widest)
+
+    def _can_cut(self) -> bool:
+        """Whether the last columns can be cut off every layer: a dynamic cache whose self-attention
+        layers are plain ones holding one column per slot (a sliding-window layer that has let old
+        tokens go, recurrent states and sparse-attention indexers are left to the hole path)."""
+        if self.static or self.recurrent is not None:
+            return False
+        for layer in _self_attention_layers(self.cache):
+            if type(layer) is not DynamicLayer or getattr(layer, "indexer_keys", None) is not None:
+                return False
+            if getattr(layer, "is_initialized", False) and layer.keys is not None and layer.keys.shape[2] != self.length:
+                return False
+        return True
+
+    def _cut(self, m: int) -> None:
+        """Drop the last ``m`` columns of every row (they are being dropped from every row anyway)."""
+        tail = self.slot_mask[:, -m:]
+        self.n_valid = self.n_valid - tail.sum(1)
+        self.slot_mask = self.slot_mask[:, :-m]
+        self.positions = self.positions[:, :-m]
+        for layer in _self_attention_layers(self.cache):
+            if getattr(layer, "is_initialized", False) and layer.keys is not None:
+                layer.keys = layer.keys[:, :, :-m]
+                layer.values = layer.values[:, :, :-m]
+        self.cuts += 1
 
     @property
     def _identity(self) -> bool:

@@ -207,7 +207,8 @@ class CachedModel:
             return
         # A plain step read only committed tokens: nothing to drop (recurrent states still close their round).
         if self._speculative_read or self.slots.recurrent is not None:
-            self.slots.drop_tail(self._round_columns, keep_columns=self._catch_up_columns + kept)
+            common = self._round_columns - self._catch_up_columns - (int(kept_host.max()) if kept_host.numel() else 0)
+            self.slots.drop_tail(self._round_columns, keep_columns=self._catch_up_columns + kept, common=common)
         self._round_columns = self._catch_up_columns = self._speculative_read = 0
         self.slots.maybe_compact(self._widest(state, rows_host))
 
