@@ -11,7 +11,8 @@ forward passes and no host syncs of its own:
   weight decays by ``decay`` per newer observation in its bucket); T(B, 0), a plain target step, is
   its own measured mean, because drafting at all has a fixed price (the drafter's call and its
   catch-up, the wider verify) that a line through k = 0 would smear over every k. The first iteration of a request (it
-  includes the prompt's prefill) is not recorded. A bucket with too little data borrows the
+  includes the prompt's prefill) is not recorded, nor one after which rows leave the batch (every
+  cache re-selects its rows then, whatever k was). A bucket with too little data borrows the
   relative slope ``b / a`` of the nearest bucket that has a fit (the choice depends only on it).
 * **Acceptance.** Each row's per-position acceptance alpha is estimated from what it drafted and
   what the target kept, accounting for truncation: a draft of m that was accepted in full says
@@ -407,6 +408,11 @@ class CostAwareLookahead(LookaheadPolicy):
             fit.mean[0] = max(fit.mean[0] + excess / run * min(1.0, run / fit.weight[0]), 1e-9)
 
     def on_step(self, state, step) -> None:
+        if bool(step.finished_host.any()):
+            # Rows leave the batch after this: the caches re-select their rows (with an encoder's
+            # cross-attention caches, a large copy) whatever k was, so this iteration's time says
+            # little about k. Whisper at batch 16 timed plain steps above one-token drafts this way.
+            self._pending = None
         requested = self.requested
         if requested is None or requested.shape[0] != step.rows_host.shape[0]:
             return
