@@ -149,7 +149,10 @@ def contenders(target, draft, policy: str, int8, assistant, hf_tokens: int | Non
         return run
 
     choices = policy.split(",")
-    named = (lambda name, choice: name) if len(choices) == 1 else (lambda name, choice: f"{name} {choice}")
+
+    def named(name: str, choice: str) -> str:  # one policy keeps the plain names
+        return name if len(choices) == 1 else f"{name} {choice}"
+
     out = {"base": (None, base)}
     for choice in choices:
         out[named("specdec", choice)] = (None, speculative(draft, choice))

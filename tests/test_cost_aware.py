@@ -442,19 +442,25 @@ class TestInTheLoop:
         assert max(widths) == 6 and sum(w == 6 for w in widths) >= len(widths) / 2
 
 
-def test_the_catch_up_is_charged_to_the_plain_steps():
-    """A drafted iteration after plain ones took 9 s where the fit says k costs 2-3 s: the excess
-    belongs to the plain steps that made the drafter fall behind, not to k."""
+def after_a_plain_step(probe_rate: float):
+    """A policy with a fit at batch 1 whose iteration 1, a plain step of 1 s, has just ended:
+    ``(policy, fit, state, now)`` with ``state.iteration`` at 2, ready to plan."""
     now = [0.0]
-    policy = CostAwareLookahead(clock=lambda: now[0], load_rate=0.0, probe_rate=0.0)
+    policy = CostAwareLookahead(clock=lambda: now[0], load_rate=0.0, probe_rate=probe_rate)
     fed(policy, 1, {0: 1.0, 2: 2.0, 4: 3.0}, repeats=1)
-    fit = policy._fits[1]
     state = fake_state(1)
     policy.begin(state, None)
-    plain_before = fit.mean[0]
     policy._pending, policy._drafted = (1, 1, 0, now[0], True, False), False  # iteration 1: a plain step
     now[0] += 1.0
     state.iteration = 2
+    return policy, policy._fits[1], state, now
+
+
+def test_the_catch_up_is_charged_to_the_plain_steps():
+    """A drafted iteration after plain ones took 9 s where the fit says k costs 2-3 s: the excess
+    belongs to the plain steps that made the drafter fall behind, not to k."""
+    policy, fit, state, now = after_a_plain_step(probe_rate=0.0)
+    plain_before = fit.mean[0]
     policy.plan(state, alpha=torch.tensor([0.99]))  # records the plain step (1 s); iteration 2 drafts
     k = policy.decision.k
     assert k > 0 and policy._plain_run == 1
@@ -470,15 +476,7 @@ def test_a_probes_catch_up_is_charged_to_nothing():
     """The same 4 s catch-up after a probe out of plain steps: the probe's price, charged neither to
     k nor to the plain steps (charged to them, the more often the policy probed, the dearer plain
     steps looked, and the more it drafted where drafting did not pay)."""
-    now = [0.0]
-    policy = CostAwareLookahead(clock=lambda: now[0], load_rate=0.0, probe_rate=1.0)
-    fed(policy, 1, {0: 1.0, 2: 2.0, 4: 3.0}, repeats=1)
-    fit = policy._fits[1]
-    state = fake_state(1)
-    policy.begin(state, None)
-    policy._pending, policy._drafted = (1, 1, 0, now[0], True, False), False  # iteration 1: a plain step
-    now[0] += 1.0
-    state.iteration = 2
+    policy, fit, state, now = after_a_plain_step(probe_rate=1.0)
     policy.plan(state, alpha=torch.tensor([0.01]))  # plain steps are best: the probe drafts
     k = policy.decision.k
     assert policy.decision.probing and policy.decision.best_k == 0 and k > 0

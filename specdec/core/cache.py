@@ -167,10 +167,12 @@ class SlotCache:
         if common > 0 and self._can_cut():
             self._cut(common)
             n -= common
-            if n == 0:
-                if widest is not None:
-                    self.maybe_compact(widest)
-                return
+        if n > 0:
+            self._mark_holes(n, keep_columns)
+        if widest is not None:
+            self.maybe_compact(widest)
+
+    def _mark_holes(self, n: int, keep_columns: torch.Tensor) -> None:
         if self.recurrent is not None:
             self.recurrent.rewind(keep_columns)
         keep_columns = self.to_physical(keep_columns)  # finished rows keep nothing new
@@ -182,8 +184,6 @@ class SlotCache:
             self.slot_mask[:, end - n : end] = tail & kept
         else:
             self.slot_mask = torch.cat([self.slot_mask[:, :-n], tail & kept], dim=1)
-        if widest is not None:
-            self.maybe_compact(widest)
 
     def _can_cut(self) -> bool:
         """Whether the last columns can be cut off every layer: a dynamic cache whose self-attention
