@@ -106,6 +106,70 @@ def test_a_batch_of_one_never_holds_a_hole():
     assert all(hole_free for hole_free, _, _ in caches)
 
 
+def test_a_finished_row_stays_until_it_has_cost_a_copy():
+    """Row 1 of 4 leaves: the physical batch keeps it, fed holes, until the forwards spent on it add
+    up to the 3 rows a cut would copy; the other rows' logits are those of their own sequences
+    before the cut and after it."""
+    model = tiny_model("llama")
+    runner = CausalLMRunner(model)
+    generator = torch.Generator().manual_seed(3)
+    slots = runner.new_cache(4)
+    prompt = torch.randint(3, 61, (4, 5), generator=generator)
+    runner.forward(slots, prompt, torch.ones(4, 5, dtype=torch.bool), logits_to_keep=1)
+    assert slots.select_rows(torch.tensor([0, 2, 3]), widest=5) is None
+    assert slots.physical_batch == 4 and slots.departures == 0
+    history = prompt[[0, 2, 3]].tolist()
+    for step in range(4):
+        probe = torch.randint(3, 61, (3, 1), generator=generator)
+        got = runner.forward(slots, probe, torch.ones(3, 1, dtype=torch.bool), logits_to_keep=1)[:, -1]
+        for row in range(3):
+            history[row].append(int(probe[row]))
+        expected = torch.stack([model(torch.tensor([tokens])).logits[0, -1] for tokens in history])
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+        physical = slots.release_finished(widest=6 + step)
+        if step < 2:  # one idle row read once or twice: cheaper than copying three
+            assert physical is None and slots.physical_batch == 4
+        elif step == 2:
+            assert physical.tolist() == [0, 2, 3] and slots.physical_batch == 3 and slots.departures == 1
+        else:
+            assert physical is None and slots.idle_reads == 0
+
+
+def test_rows_leave_a_whisper_batch_lazily_and_exactly():
+    """Rows of a Whisper batch end at different steps: the caches (and encoder outputs) are cut fewer
+    times than rows leave, and the transcripts are generate's."""
+    from transformers.generation.utils import GenerationMixin
+
+    from specdec import SpeculativeDecoder
+    from specdec.drafters import SharedEncoderDrafter
+    from specdec.policies import ConstantLookahead
+
+    from .tiny_whisper import NO_TIMESTAMPS, SOT, TRANSCRIBE, features, tiny_distil_decoder, tiny_whisper
+
+    target = tiny_whisper(seed=0)
+    x = features(6, seed=43)
+    prompt = torch.tensor([[SOT, 258, TRANSCRIBE, NO_TIMESTAMPS]] * 6)
+    eos = 69  # this random model's row 4 says it at step 2, row 5 at step 34, the others never
+    reference = GenerationMixin.generate(target, x, decoder_input_ids=prompt, max_new_tokens=36, eos_token_id=eos)
+    decoder = SpeculativeDecoder(target=target, drafter=SharedEncoderDrafter(model=tiny_distil_decoder(seed=1)),
+                                 policy=ConstantLookahead(k=2))
+    left = []
+    original = decoder._target.select_rows
+
+    def counting(state, keep):
+        left.append(int(state.iteration))
+        original(state, keep)
+
+    decoder._target.select_rows = counting
+    out = decoder.generate(prompt, input_features=x, max_new_tokens=36, eos_token_id=eos)
+    assert torch.equal(out.sequences, reference)
+    assert len(left) == 2 and left[1] - left[0] > 10, left
+    # Row 4 was cut out once the five others had read its share five times; row 5 left two steps
+    # before the end, too late to be worth a copy of four rows.
+    assert decoder._target.slots.departures == 1 and decoder._target.slots.physical_batch == 5
+    assert decoder._target.runner.encoder_outputs.last_hidden_state.shape[0] == 5
+
+
 class TestAttentionLayout:
     """core/masks.py: windows counted in positions, one mask per layer kind."""
 

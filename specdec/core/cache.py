@@ -20,7 +20,19 @@ full-capacity mask ``[P, capacity]`` and a block ``[P, n]``. Compaction is a gat
 (valid slots to the left, the write column moved back) when fewer than ``headroom`` columns are
 free. Rows that finish stay in the physical batch of ``P`` rows, fed holes, until the active rows
 fit a smaller power of two; only then is the cache cut to that bucket (``row_map`` maps active
-rows to physical ones). Why not transformers' ``StaticCache`` as it is: its sliding-window layers
+rows to physical ones).
+
+**Rows leave lazily** (dynamic caches too). A row that leaves the batch means copying every row
+that stays out of every layer's tensors (``index_select``), and on an encoder-decoder model that is
+the cross-attention cache, 37 MB per row for whisper-base in float32. A finished row kept in the
+batch instead costs one row's share of each forward, which reads the same cache once. So a finished
+row stays (fed holes, its outputs dropped) until the forwards spent on finished rows since the last
+copy add up to the rows a copy would move (``idle_reads >= active``, the ski-rental rule: never
+more than twice the cheaper of the two), and then the batch is cut to its active rows. Transformers'
+``generate`` never cuts (finished rows run to the end of the request); cutting at every departure
+cost a Whisper batch of 16 about 6% of its time (docs/whisper.md). Recurrent states leave at once.
+
+Why not transformers' ``StaticCache`` as it is: its sliding-window layers
 evict slots (the window is counted in positions here, by the mask), and it would not know about
 holes; its ``StaticLayer`` is exactly the preallocated, index-written tensor pair wanted.
 """
@@ -65,8 +77,6 @@ class SlotCache:
         self.capacity = capacity  # None: dynamic (the cache grows by concatenation)
         self.headroom = headroom
         self._used = 0  # static: the next free column, the same for every row
-        # Static: active row b lives in physical row row_map[b] (finished rows stay until the batch bucket shrinks).
-        self.row_map = torch.arange(batch_size, device=device) if capacity is not None else None
         self.regrowths = 0
         self.cuts = 0  # drop_tail calls that cut columns off instead of leaving holes
         # Recurrent layers' states, rewound to each row's last kept token (core/recurrent.py).
@@ -76,6 +86,11 @@ class SlotCache:
         # A model without attention layers (Mamba) reads the mask as "which tokens of this block are
         # real", not "which slots may be attended".
         self.attends = not recurrent or any(isinstance(layer, DynamicLayer) for layer in layers)
+        # Active row b lives in physical row row_map[b]: finished rows stay a while (the module's
+        # docstring); None where rows leave at once (recurrent states).
+        self.row_map = torch.arange(batch_size, device=device) if capacity is not None or not recurrent else None
+        self.idle_reads = 0  # forwards' rows spent on finished rows since the batch was last cut
+        self.departures = 0  # times the batch was cut to its active rows (copies of every row's tensors)
         self.slot_mask = torch.zeros(batch_size, capacity or 0, dtype=torch.bool, device=device)
         self.positions = torch.zeros(batch_size, capacity or 0, dtype=torch.long, device=device)
         self.n_valid = torch.zeros(batch_size, dtype=torch.long, device=device)
@@ -122,6 +137,8 @@ class SlotCache:
         # to be a legal index.
         position_ids = (self.n_valid[:, None] + valid.cumsum(1) - 1).clamp_(min=0)  # [B, n]
         self.n_valid = self.n_valid + valid.sum(1)
+        if self.row_map is not None:
+            self.idle_reads += self.physical_batch - self.row_map.shape[0]
         if self.static:
             start, n = self._used, valid.shape[1]
             if start + n > self.capacity:
@@ -217,20 +234,37 @@ class SlotCache:
     def select_rows(self, index: torch.Tensor, widest: int) -> torch.Tensor | None:
         """Keep only the active rows in ``index`` (finished rows leave the batch). Returns the
         physical rows kept, for whoever keeps per-row model inputs (encoder outputs), or None when
-        the physical batch did not change (static: the active rows still need this bucket)."""
+        the physical batch did not change (finished rows stay a while: the module's docstring)."""
+        if self.row_map is None:
+            self._select_physical(index)
+            self.maybe_compact(widest)
+            return index
+        self.row_map, self._row_map_identity = self.row_map[index], False
+        return self.release_finished(widest)
+
+    def release_finished(self, widest: int) -> torch.Tensor | None:
+        """Cut the physical batch to the active rows if it is time (static: when they fit a smaller
+        bucket; dynamic: when the forwards spent on finished rows outweigh a copy of the active ones).
+        Returns the physical rows kept, or None when nothing changed. Host numbers only: no sync."""
+        if self.row_map is None:
+            return None
+        active, physical = self.row_map.shape[0], self.physical_batch
         if self.static:
-            active, physical = index.shape[0], self.physical_batch
-            row_map = self.row_map[index]
             size = bucket(active)
             if size >= physical:  # the rows still need this batch (a request of 6 rows is a bucket of its own)
-                self.row_map, self._row_map_identity = row_map, False
                 return None
             # The active rows first, in order, then finished ones to fill the bucket (a stable sort
             # of "finished?" lists them; no nonzero, so no device sync).
-            finished = torch.ones(physical, dtype=torch.bool, device=row_map.device).index_fill_(0, row_map, False)
+            finished = torch.ones(physical, dtype=torch.bool, device=self.row_map.device).index_fill_(0, self.row_map, False)
             fillers = finished.long().argsort(stable=True)[active:size]
-            index = torch.cat([row_map, fillers])
-            self.row_map, self._row_map_identity = torch.arange(active, device=row_map.device), True
+            index = torch.cat([self.row_map, fillers])
+        else:
+            if active == physical or self.idle_reads < active:
+                return None
+            index = self.row_map
+        self.row_map, self._row_map_identity = torch.arange(active, device=index.device), True
+        self.idle_reads = 0
+        self.departures += 1
         self._select_physical(index)
         self.maybe_compact(widest)
         return index

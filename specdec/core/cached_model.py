@@ -210,7 +210,11 @@ class CachedModel:
             common = self._round_columns - self._catch_up_columns - (int(kept_host.max()) if kept_host.numel() else 0)
             self.slots.drop_tail(self._round_columns, keep_columns=self._catch_up_columns + kept, common=common)
         self._round_columns = self._catch_up_columns = self._speculative_read = 0
-        self.slots.maybe_compact(self._widest(state, rows_host))
+        widest = self._widest(state, rows_host)
+        self.slots.maybe_compact(widest)
+        physical = self.slots.release_finished(widest)
+        if physical is not None:  # finished rows kept in the batch have cost more than moving the others
+            self.runner.select_rows(physical)
 
     def select_rows(self, state, keep: torch.Tensor) -> None:
         """Finished rows leave the batch; ``state.rows_host`` already holds the rows that stay."""
@@ -219,7 +223,7 @@ class CachedModel:
             self.runner.select_rows(keep)
             return
         physical = self.slots.select_rows(keep, widest=self._widest(state, state.rows_host))
-        if physical is not None:  # the rows the model sees changed (static caches: only when the bucket shrinks)
+        if physical is not None:  # the rows the model sees changed (not at every departure: SlotCache.release_finished)
             self.runner.select_rows(physical)
 
     def _widest(self, state, rows_host: torch.Tensor) -> int:
