@@ -189,31 +189,69 @@ def self_prompts(rng: random.Random, count: int, heldout: set[str]) -> list[dict
     return pool[:count]
 
 
+def corpus_prompts(pairs: list[dict], count: int) -> list[dict]:
+    """``count`` prompts of the installed-text pairs, the kinds taken in turn, for the model to answer.
+
+    EAGLE's recipe: the head learns the target's own answers to a dataset's prompts, not the dataset's
+    answers (the model's answers to "Summarise this passage" are what the drafter meets in use)."""
+    by_kind: dict[str, list[dict]] = {}
+    for p in pairs:
+        by_kind.setdefault(p["kind"], []).append({"kind": p["kind"], "prompt": p["prompt"]})
+    picked, queues = [], [list(q) for _, q in sorted(by_kind.items())]
+    while len(picked) < count and any(queues):
+        for queue in queues:
+            if queue and len(picked) < count:
+                picked.append(queue.pop(0))
+    return picked
+
+
 def generate_answers(target_path: str, prompts: list[dict], max_new_tokens: int, batch_size: int,
-                     threads: int) -> list[dict]:
+                     threads: int, store: Path | None = None) -> list[dict]:
+    """The model's greedy answers to ``prompts``. With ``store``, answers already in that JSON Lines file
+    are reused and new ones appended as each batch finishes, so a long run can be stopped and resumed."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    torch.set_num_threads(threads)
-    model = AutoModelForCausalLM.from_pretrained(target_path, dtype=torch.float32).eval()
-    tokenizer = AutoTokenizer.from_pretrained(target_path, padding_side="left")
-    out, started = [], time.perf_counter()
-    for start in range(0, len(prompts), batch_size):
-        chunk = prompts[start : start + batch_size]
-        texts = [tokenizer.apply_chat_template([{"role": "user", "content": p["prompt"]}], tokenize=False,
-                                               add_generation_prompt=True) for p in chunk]
-        batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-        with torch.no_grad():
-            generated = model.generate(**batch, do_sample=False, max_new_tokens=max_new_tokens)
-        for p, row in zip(chunk, generated[:, batch["input_ids"].shape[1]:]):
-            answer = tokenizer.decode(row, skip_special_tokens=True).strip()
-            out.append({**p, "source": "self", "answer": answer})
-        print(f"self answers: {len(out)}/{len(prompts)} ({time.perf_counter() - started:.0f}s)", file=sys.stderr)
-    return out
+    done: dict[str, dict] = {}
+    if store is not None and store.is_file():
+        for line in store.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                row = json.loads(line)
+                done[row["prompt"]] = row
+    todo = [p for p in prompts if p["prompt"] not in done]
+    if todo:
+        torch.set_num_threads(threads)
+        model = AutoModelForCausalLM.from_pretrained(target_path, dtype=torch.float32).eval()
+        tokenizer = AutoTokenizer.from_pretrained(target_path, padding_side="left")
+        texts = {p["prompt"]: tokenizer.apply_chat_template([{"role": "user", "content": p["prompt"]}],
+                                                            tokenize=False, add_generation_prompt=True)
+                 for p in todo}
+        todo.sort(key=lambda p: len(texts[p["prompt"]]))  # rows of a batch alike in length: little padding
+        started, made = time.perf_counter(), 0
+        for start in range(0, len(todo), batch_size):
+            chunk = todo[start : start + batch_size]
+            batch = tokenizer([texts[p["prompt"]] for p in chunk], return_tensors="pt", padding=True,
+                              add_special_tokens=False)
+            with torch.no_grad():
+                generated = model.generate(**batch, do_sample=False, max_new_tokens=max_new_tokens)
+            rows = []
+            for p, row in zip(chunk, generated[:, batch["input_ids"].shape[1]:]):
+                made += int((row != tokenizer.pad_token_id).sum())
+                rows.append({**p, "source": "self", "answer": tokenizer.decode(row, skip_special_tokens=True).strip()})
+            done.update((r["prompt"], r) for r in rows)
+            if store is not None:
+                store.parent.mkdir(parents=True, exist_ok=True)
+                with store.open("a", encoding="utf-8") as handle:
+                    handle.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+            elapsed = time.perf_counter() - started
+            print(f"self answers: {len(done)}/{len(prompts)} ({elapsed:.0f}s, {made / elapsed:.0f} tok/s)",
+                  file=sys.stderr)
+    return [done[p["prompt"]] for p in prompts]
 
 
 def build(target_path: str, out: Path, seed: int = 0, self_count: int = 96, self_tokens: int = 96,
-          max_pairs: int = 6000, batch_size: int = 16, threads: int = 1) -> dict:
+          max_pairs: int = 6000, batch_size: int = 16, threads: int = 1, self_corpus: int = 0,
+          self_store: Path | None = None) -> dict:
     from transformers import AutoTokenizer
 
     rng = random.Random(seed)
@@ -222,9 +260,9 @@ def build(target_path: str, out: Path, seed: int = 0, self_count: int = 96, self
     pairs = [p for p in pairs if p["prompt"] not in heldout]
     rng.shuffle(pairs)
     pairs = pairs[:max_pairs]
-    if self_count:  # first, so that a token budget (``specdec drafter train --max-tokens``) keeps them
-        pairs = generate_answers(target_path, self_prompts(rng, self_count, heldout), self_tokens, batch_size,
-                                 threads) + pairs
+    wanted = self_prompts(rng, self_count, heldout) + corpus_prompts(pairs, self_corpus)
+    if wanted:  # first, so that a token budget (``specdec drafter train --max-tokens``) keeps them
+        pairs = generate_answers(target_path, wanted, self_tokens, batch_size, threads, self_store) + pairs
     tokenizer = AutoTokenizer.from_pretrained(target_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     counts: dict[str, int] = {}
@@ -249,11 +287,15 @@ def main() -> None:
     parser.add_argument("--max-pairs", type=int, default=6000, help="pairs from installed text, at most")
     parser.add_argument("--self-prompts", type=int, default=96, help="prompts the model answers itself (0: none)")
     parser.add_argument("--self-tokens", type=int, default=96, help="tokens per self answer")
+    parser.add_argument("--self-corpus", type=int, default=0,
+                        help="prompts of the installed-text pairs the model also answers itself (kinds in turn)")
+    parser.add_argument("--self-store", type=Path, default=None,
+                        help="JSON Lines file of self answers: reused, and appended to as batches finish")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     counts = build(args.target, args.out, args.seed, args.self_prompts, args.self_tokens, args.max_pairs,
-                   args.batch_size, args.threads)
+                   args.batch_size, args.threads, args.self_corpus, args.self_store)
     print(json.dumps({"out": str(args.out), "pairs": counts}))
 
 
