@@ -115,10 +115,13 @@ class RecordingVerifier(GreedyVerifier):
 
 class _LogitTap:
     """A forward hook on the target that keeps the logits of its forwards since the last verify
-    (float64): one forward per verify, or one per column for recurrent models."""
+    (float64): one forward per verify, or one per column for recurrent models. The model's batch
+    may still hold rows that finished (they leave lazily, core/cache.py): ``decoder``'s target cache
+    maps its rows back to the active ones."""
 
     def __init__(self, model):
         self.parts = []
+        self.decoder = None
         self.handle = model.register_forward_hook(self._hook)
 
     def _hook(self, module, args, output):
@@ -128,7 +131,7 @@ class _LogitTap:
 
     def take(self):
         logits, self.parts = torch.cat(self.parts, dim=1), []
-        return logits
+        return self.decoder._target.slots.to_active(logits)
 
     def remove(self):
         self.handle.remove()
@@ -316,6 +319,8 @@ def check_architecture(arch: str, quick: bool = False) -> dict:
                 decoder = SpeculativeDecoder(
                     target=target, drafter=_drafter(drafter_name, draft), policy=_policy(policy_name), verifier=verifier
                 )
+                if tap is not None:
+                    tap.decoder = decoder
                 out = decoder.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS)
             except Exception as exc:  # noqa: BLE001
                 if tap is not None:
