@@ -106,33 +106,52 @@ def test_a_batch_of_one_never_holds_a_hole():
     assert all(hole_free for hole_free, _, _ in caches)
 
 
-def test_a_finished_row_stays_until_it_has_cost_a_copy():
-    """Row 1 of 4 leaves: the physical batch keeps it, fed holes, until the forwards spent on it add
-    up to the 3 rows a cut would copy; the other rows' logits are those of their own sequences
-    before the cut and after it."""
-    model = tiny_model("llama")
-    runner = CausalLMRunner(model)
-    generator = torch.Generator().manual_seed(3)
+def test_a_finished_row_stays_in_an_encoder_decoder_batch_until_it_has_cost_a_copy():
+    """Row 1 of 4 leaves a Whisper batch: the physical batch keeps it, fed holes, until the forwards
+    spent on it add up to KEEP_FINISHED_READS times the 3 rows a cut copies; the other rows' logits
+    are those of their own sequences before the cut and after it."""
+    from specdec.core.cache import KEEP_FINISHED_READS
+    from specdec.core.models import Seq2SeqRunner
+
+    from .tiny_whisper import NO_TIMESTAMPS, SOT, TRANSCRIBE, features, tiny_whisper
+
+    target = tiny_whisper(seed=0)
+    runner = Seq2SeqRunner(target)
+    encoded = runner.begin(input_features=features(4, seed=5)).last_hidden_state
     slots = runner.new_cache(4)
-    prompt = torch.randint(3, 61, (4, 5), generator=generator)
-    runner.forward(slots, prompt, torch.ones(4, 5, dtype=torch.bool), logits_to_keep=1)
-    assert slots.select_rows(torch.tensor([0, 2, 3]), widest=5) is None
+    generator = torch.Generator().manual_seed(3)
+    prompt = torch.tensor([[SOT, 258, TRANSCRIBE, NO_TIMESTAMPS]] * 4)
+    runner.forward(slots, prompt, torch.ones(4, 4, dtype=torch.bool), logits_to_keep=1)
+    assert slots.select_rows(torch.tensor([0, 2, 3]), widest=4) is None
     assert slots.physical_batch == 4 and slots.departures == 0
-    history = prompt[[0, 2, 3]].tolist()
-    for step in range(4):
-        probe = torch.randint(3, 61, (3, 1), generator=generator)
+    history = [prompt[0].tolist() for _ in range(3)]
+    cut_after = KEEP_FINISHED_READS * 3  # forwards with one idle row
+    for step in range(cut_after + 1):
+        probe = torch.randint(3, 250, (3, 1), generator=generator)
         got = runner.forward(slots, probe, torch.ones(3, 1, dtype=torch.bool), logits_to_keep=1)[:, -1]
         for row in range(3):
             history[row].append(int(probe[row]))
-        expected = torch.stack([model(torch.tensor([tokens])).logits[0, -1] for tokens in history])
+        expected = torch.stack([
+            target(encoder_outputs=(encoded[physical : physical + 1],), decoder_input_ids=torch.tensor([tokens])).logits[0, -1]
+            for physical, tokens in zip([0, 2, 3], history)])
         torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
-        physical = slots.release_finished(widest=6 + step)
-        if step < 2:  # one idle row read once or twice: cheaper than copying three
+        physical = slots.release_finished(widest=5 + step)
+        if step < cut_after - 1:  # the idle row read fewer times than a cut would cost
             assert physical is None and slots.physical_batch == 4
-        elif step == 2:
+        elif step == cut_after - 1:
             assert physical.tolist() == [0, 2, 3] and slots.physical_batch == 3 and slots.departures == 1
+            runner.select_rows(physical)  # what CachedModel does with the rows kept
         else:
             assert physical is None and slots.idle_reads == 0
+
+
+def test_a_decoder_only_batch_lets_a_row_go_at_once():
+    """A decoder-only cache holds only the rows' own tokens: cheap to copy, so rows leave at once."""
+    runner = CausalLMRunner(tiny_model("llama"))
+    slots = runner.new_cache(3)
+    runner.forward(slots, torch.tensor([[5, 6], [7, 8], [9, 10]]), torch.ones(3, 2, dtype=torch.bool), logits_to_keep=1)
+    assert slots.select_rows(torch.tensor([0, 2]), widest=2).tolist() == [0, 2]
+    assert slots.physical_batch == 2 and slots.cache.layers[0].keys.shape[0] == 2
 
 
 def test_rows_leave_a_whisper_batch_lazily_and_exactly():

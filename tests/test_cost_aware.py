@@ -7,7 +7,6 @@ from __future__ import annotations
 import copy
 from types import SimpleNamespace
 
-import attrs
 import pytest
 import torch
 
@@ -70,7 +69,7 @@ def step_of(rows, drafted, accepted) -> Step:
 def fake_state(batch: int, remaining: int = 100):
     rows = torch.arange(batch)
     return SimpleNamespace(
-        batch_size=batch, active=batch, rows_host=rows, iteration=1,
+        batch_size=batch, active=batch, rows_host=rows, iteration=1, row_cuts=0,
         remaining_host=lambda: torch.full((batch,), remaining),
     )
 
@@ -248,9 +247,9 @@ class TestTiming:
         assert len(grew) == 1  # only iteration 3 was recorded
         assert max(fit.mean.values()) < 9.0
 
-    def test_an_iteration_rows_leave_after_is_not_timed(self):
-        """Rows leaving the batch re-select every cache (an encoder's cross-attention caches are
-        large): that time is not k's."""
+    def test_an_iteration_that_cut_a_cache_is_not_timed(self):
+        """A cache cut to fewer rows copies every staying row (an encoder's cross-attention caches
+        are large): that time is not k's."""
         now = [0.0]
         policy = fed(CostAwareLookahead(clock=lambda: now[0], load_rate=0.0, probe_rate=0.0), 2,
                      {0: 1.0, 2: 2.0, 4: 3.0}, repeats=1)
@@ -261,14 +260,13 @@ class TestTiming:
             state.iteration = iteration
             policy.plan(state, alpha=torch.full((2,), 0.99))
             k = policy.decision.k
-            step = step_of([0, 1], [k, k], [k, k])
+            policy.on_step(state, step_of([0, 1], [k, k], [k, k]))
             if iteration == 3:
-                step = attrs.evolve(step, finished_host=torch.tensor([True, False]))
-            policy.on_step(state, step)
+                state.row_cuts += 1  # what CachedModel does when it cuts its cache
             now[0] += 50.0 if iteration == 3 else 2.5
         fit = policy._fits[2]
         recorded = sum(fit.weight.values()) - sum(w * policy.decay for w in weights.values())
-        assert recorded == pytest.approx(1.0)  # 2 only: 1 drafted first (the catch-up), 3 had rows leave, 4 is open
+        assert recorded == pytest.approx(1.0)  # 2 only: 1 drafted first (the catch-up), 3 cut a cache, 4 is open
         assert max(fit.mean.values()) < 10.0
 
     def test_a_new_request_does_not_time_across_the_gap(self):

@@ -22,15 +22,18 @@ free. Rows that finish stay in the physical batch of ``P`` rows, fed holes, unti
 fit a smaller power of two; only then is the cache cut to that bucket (``row_map`` maps active
 rows to physical ones).
 
-**Rows leave lazily** (dynamic caches too). A row that leaves the batch means copying every row
-that stays out of every layer's tensors (``index_select``), and on an encoder-decoder model that is
-the cross-attention cache, 37 MB per row for whisper-base in float32. A finished row kept in the
-batch instead costs one row's share of each forward, which reads the same cache once. So a finished
-row stays (fed holes, its outputs dropped) until the forwards spent on finished rows since the last
-copy add up to the rows a copy would move (``idle_reads >= active``, the ski-rental rule: never
-more than twice the cheaper of the two), and then the batch is cut to its active rows. Transformers'
-``generate`` never cuts (finished rows run to the end of the request); cutting at every departure
-cost a Whisper batch of 16 about 6% of its time (docs/whisper.md). Recurrent states leave at once.
+**Rows leave an encoder-decoder batch lazily.** A row that leaves the batch means copying every
+row that stays out of every layer's tensors (``index_select``), and with cross-attention that is the
+encoder's keys and values: 37 MB per row for whisper-base in float32, whatever the row decoded. A
+finished row kept in the batch instead costs one row's share of each forward. So a finished row
+stays (fed holes, its outputs dropped) until the forwards spent on finished rows since the last cut
+add up to ``KEEP_FINISHED_READS`` times the rows a cut would copy (the ski-rental rule: at most about
+twice the cheaper of the two), and then the batch is cut to its active rows. Measured on a 2-core
+CPU with whisper-base and its draft (docs/whisper.md): a cut copied 21 ms per staying row, and a row's
+share of a plain step at batch 16 was 6.6 ms, hence 4. Transformers' ``generate`` never cuts; cutting
+at every departure cost a Whisper batch of 16 about 6% of its time. A decoder-only model's per-row
+cache is its own tokens' keys and values, cheap to copy next to a row's forward: its rows leave at
+once, as do recurrent states.
 
 Why not transformers' ``StaticCache`` as it is: its sliding-window layers
 evict slots (the window is counted in positions here, by the mask), and it would not know about
@@ -43,6 +46,11 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer, EncoderDecoderCache, LinearAttentionCacheLayerMixin, StaticLayer
 
 from .recurrent import RecurrentStates
+
+
+# A finished row stays in an encoder-decoder batch until finished rows have been read this many times
+# per row a cut would copy (the module's docstring).
+KEEP_FINISHED_READS = 4
 
 
 def bucket(n: int) -> int:
@@ -86,11 +94,12 @@ class SlotCache:
         # A model without attention layers (Mamba) reads the mask as "which tokens of this block are
         # real", not "which slots may be attended".
         self.attends = not recurrent or any(isinstance(layer, DynamicLayer) for layer in layers)
-        # Active row b lives in physical row row_map[b]: finished rows stay a while (the module's
-        # docstring); None where rows leave at once (recurrent states).
-        self.row_map = torch.arange(batch_size, device=device) if capacity is not None or not recurrent else None
+        # Active row b lives in physical row row_map[b]: finished rows stay a while in a static or an
+        # encoder-decoder cache (the module's docstring); None where rows leave at once.
+        lazy = capacity is not None or (isinstance(cache, EncoderDecoderCache) and not recurrent)
+        self.row_map = torch.arange(batch_size, device=device) if lazy else None
         self.idle_reads = 0  # forwards' rows spent on finished rows since the batch was last cut
-        self.departures = 0  # times the batch was cut to its active rows (copies of every row's tensors)
+        self.departures = 0  # times a lazy batch was cut to its active rows (copies of every row's tensors)
         self.slot_mask = torch.zeros(batch_size, capacity or 0, dtype=torch.bool, device=device)
         self.positions = torch.zeros(batch_size, capacity or 0, dtype=torch.long, device=device)
         self.n_valid = torch.zeros(batch_size, dtype=torch.long, device=device)
@@ -259,7 +268,7 @@ class SlotCache:
             fillers = finished.long().argsort(stable=True)[active:size]
             index = torch.cat([self.row_map, fillers])
         else:
-            if active == physical or self.idle_reads < active:
+            if active == physical or self.idle_reads < KEEP_FINISHED_READS * active:
                 return None
             index = self.row_map
         self.row_map, self._row_map_identity = torch.arange(active, device=index.device), True

@@ -215,6 +215,7 @@ class CachedModel:
         physical = self.slots.release_finished(widest)
         if physical is not None:  # finished rows kept in the batch have cost more than moving the others
             self.runner.select_rows(physical)
+            state.row_cuts += 1
 
     def select_rows(self, state, keep: torch.Tensor) -> None:
         """Finished rows leave the batch; ``state.rows_host`` already holds the rows that stay."""
@@ -225,6 +226,7 @@ class CachedModel:
         physical = self.slots.select_rows(keep, widest=self._widest(state, state.rows_host))
         if physical is not None:  # the rows the model sees changed (not at every departure: SlotCache.release_finished)
             self.runner.select_rows(physical)
+            state.row_cuts += 1
 
     def _widest(self, state, rows_host: torch.Tensor) -> int:
         """The most valid slots any of ``rows_host`` holds: committed tokens read, less prompt padding."""

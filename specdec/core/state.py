@@ -79,6 +79,10 @@ class DecodeState:
     iteration: int = 0
     target_calls: int = 0
     draft_calls: int = 0
+    # Times a model's cache was cut to fewer rows (every staying row's tensors copied; when rows
+    # leave, and for encoder-decoder caches later: core/cache.py). Policies that time iterations
+    # leave those out.
+    row_cuts: int = 0
     do_sample: bool = False
     # Whether a draft loop may end as soon as no row drafts on (a host sync per draft position);
     # otherwise it runs to its width with stopped rows masked. Set by the decoder per device.

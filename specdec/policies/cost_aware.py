@@ -11,8 +11,8 @@ forward passes and no host syncs of its own:
   weight decays by ``decay`` per newer observation in its bucket); T(B, 0), a plain target step, is
   its own measured mean, because drafting at all has a fixed price (the drafter's call and its
   catch-up, the wider verify) that a line through k = 0 would smear over every k. The first iteration of a request (it
-  includes the prompt's prefill) is not recorded, nor one after which rows leave the batch (every
-  cache re-selects its rows then, whatever k was). A bucket with too little data borrows the
+  includes the prompt's prefill) is not recorded, nor one in which a model's cache was cut to fewer
+  rows (``state.row_cuts``: every staying row's tensors are copied then, whatever k was). A bucket with too little data borrows the
   relative slope ``b / a`` of the nearest bucket that has a fit (the choice depends only on it).
 * **Acceptance.** Each row's per-position acceptance alpha is estimated from what it drafted and
   what the target kept, accounting for truncation: a draft of m that was accepted in full says
@@ -248,6 +248,7 @@ class CostAwareLookahead(LookaheadPolicy):
     _probe_best: int | None = attrs.field(default=None, init=False, repr=False)  # the best k when the last probe began
     _probe_next: int | None = attrs.field(default=None, init=False, repr=False)  # a probe's timed second iteration
     _pending: tuple | None = attrs.field(default=None, init=False, repr=False)
+    _row_cuts: int = attrs.field(default=0, init=False, repr=False)  # state.row_cuts at the last lookahead
     _drafted: bool = attrs.field(default=False, init=False, repr=False)  # the last planned iteration drafted
     _plain_run: int = attrs.field(default=0, init=False, repr=False)  # plain steps recorded since the last draft
 
@@ -313,6 +314,7 @@ class CostAwareLookahead(LookaheadPolicy):
         self._success = torch.zeros(state.batch_size, dtype=torch.float64)
         self._failure = torch.zeros(state.batch_size, dtype=torch.float64)
         self._pending = None
+        self._row_cuts = 0
         self._drafted = False
         self._plain_run = 0
         self._probe_next = None
@@ -363,6 +365,10 @@ class CostAwareLookahead(LookaheadPolicy):
         """The lookahead for this iteration, from each row's acceptance ``alpha`` [B] (default: its
         own history); other policies reuse the cost model through this."""
         now = self.clock()
+        if state.row_cuts != self._row_cuts:
+            # A cache was cut to fewer rows since the last lookahead (a copy of every staying row,
+            # whatever k was: with an encoder's cross-attention, a large one): not a cost of k.
+            self._row_cuts, self._pending = state.row_cuts, None
         self._record(state.iteration, now)  # the previous iteration ends here
         rows = state.rows_host
         batch = rows.shape[0]
@@ -408,11 +414,6 @@ class CostAwareLookahead(LookaheadPolicy):
             fit.mean[0] = max(fit.mean[0] + excess / run * min(1.0, run / fit.weight[0]), 1e-9)
 
     def on_step(self, state, step) -> None:
-        if bool(step.finished_host.any()):
-            # Rows leave the batch after this: the caches re-select their rows (with an encoder's
-            # cross-attention caches, a large copy) whatever k was, so this iteration's time says
-            # little about k. Whisper at batch 16 timed plain steps above one-token drafts this way.
-            self._pending = None
         requested = self.requested
         if requested is None or requested.shape[0] != step.rows_host.shape[0]:
             return
