@@ -315,6 +315,58 @@ class TestSharedEncoderDrafter:
         assert type(drafter.model).__name__ == "WhisperForCausalLM"
 
 
+class TestSharedCrossAttention:
+    """A draft layer whose cross-attention projections are a target layer's reads the target's keys."""
+
+    @staticmethod
+    def pair():
+        target = tiny_whisper(seed=0, decoder_layers=2)
+        draft = tiny_distil_decoder(seed=1, decoder_layers=2)
+        mine, theirs = draft.model.decoder.layers[0].encoder_attn, target.model.decoder.layers[1].encoder_attn
+        with torch.no_grad():
+            for name in ("k_proj", "v_proj"):
+                getattr(mine, name).load_state_dict(getattr(theirs, name).state_dict())
+        return target, draft
+
+    def test_equal_projections_are_found(self, target):
+        from specdec.drafters.shared_encoder import shared_cross_attention_layers
+
+        paired_target, paired_draft = self.pair()
+        assert shared_cross_attention_layers(paired_draft, paired_target) == [(0, 1)]
+        assert shared_cross_attention_layers(tiny_distil_decoder(seed=1), target) == []
+
+    @pytest.mark.parametrize("plain_first", [False, True], ids=["draft-reads-first", "target-reads-first"])
+    def test_keys_are_computed_once_and_output_is_exact(self, plain_first):
+        """Whichever model reads the encoder output first computes the shared layer's keys; the
+        other never runs that projection. Transcripts equal generate's."""
+        target, draft = self.pair()
+
+        class PlainFirst(ConstantLookahead):
+            def lookahead(self, state):
+                k = super().lookahead(state)
+                return k * 0 if plain_first and state.iteration == 0 else k
+
+        x = features(3, seed=51)
+        prompt = torch.tensor([[SOT, 258, TRANSCRIBE, NO_TIMESTAMPS]] * 3)
+        reference = GenerationMixin.generate(target, x, decoder_input_ids=prompt, max_new_tokens=12)
+        calls = {"draft": 0, "target": 0}
+        hooks = [draft.model.decoder.layers[0].encoder_attn.k_proj.register_forward_hook(
+                     lambda *a: calls.__setitem__("draft", calls["draft"] + 1)),
+                 target.model.decoder.layers[1].encoder_attn.k_proj.register_forward_hook(
+                     lambda *a: calls.__setitem__("target", calls["target"] + 1))]
+        try:
+            decoder = SpeculativeDecoder(target=target, drafter=SharedEncoderDrafter(model=draft), policy=PlainFirst(k=2))
+            out = decoder.generate(prompt, input_features=x, max_new_tokens=12)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        assert_same(reference, out.sequences)
+        assert calls == ({"draft": 0, "target": 1} if plain_first else {"draft": 1, "target": 0})
+        draft_layer = decoder.drafter._cached.slots.cache.cross_attention_cache.layers[0]
+        target_layer = decoder._target.slots.cache.cross_attention_cache.layers[1]
+        assert draft_layer.keys is target_layer.keys and draft_layer.values is target_layer.values
+
+
 class TestModelDrafterEncoderDecoder:
     """The model drafter pairs an encoder-decoder draft with an encoder-decoder target."""
 

@@ -351,3 +351,38 @@ class SlotCache:
             layer.cumulative_length.fill_(width)
         self._used = width
         self.compactions += 1
+
+
+def share_cross_attention(a: SlotCache, b: SlotCache, layers: list[tuple[int, int]]) -> int:
+    """Let two encoder-decoder caches of one request share cross-attention keys and values.
+
+    ``layers``: pairs (layer of ``a``, layer of ``b``) whose cross-attention projections are equal
+    and that read the same encoder output, so their keys and values are the same tensors: whichever
+    cache has computed a pair's layer lends it to the other (the tensors are shared, not copied; a
+    later cut of either cache indexes them into new ones). Only while both caches still hold every
+    row of the request in its original order (no cut yet). Returns how many layers were lent.
+    """
+    if a.row_map is None or b.row_map is None or a.departures or b.departures or a.physical_batch != b.physical_batch:
+        return 0
+    if not (isinstance(a.cache, EncoderDecoderCache) and isinstance(b.cache, EncoderDecoderCache)):
+        return 0
+    lent = 0
+    for i, j in layers:
+        if a.cache.is_updated.get(i) and not b.cache.is_updated.get(j):
+            _lend(a.cache, i, b.cache, j)
+            lent += 1
+        elif b.cache.is_updated.get(j) and not a.cache.is_updated.get(i):
+            _lend(b.cache, j, a.cache, i)
+            lent += 1
+    return lent
+
+
+def _lend(source: EncoderDecoderCache, i: int, dest: EncoderDecoderCache, j: int) -> None:
+    given = source.cross_attention_cache.layers[i]
+    layers = dest.cross_attention_cache.layers
+    while len(layers) <= j:
+        layers.append(DynamicLayer())
+    layer = layers[j]
+    layer.dtype, layer.device = given.keys.dtype, given.keys.device
+    layer.keys, layer.values, layer.is_initialized = given.keys, given.values, True
+    dest.is_updated[j] = True

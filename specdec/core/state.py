@@ -76,6 +76,9 @@ class DecodeState:
     # The target's encoder output for every row (original order) once the loop has encoded the
     # request; None for decoder-only targets. A drafter that shares the target's encoder reads it.
     encoder_outputs: Any = None
+    # The target's SlotCache for this request (core/cache.py; None for a re-read target): a drafter
+    # that shares the target's encoder may share its cross-attention keys too.
+    target_slots: Any = None
     iteration: int = 0
     target_calls: int = 0
     draft_calls: int = 0

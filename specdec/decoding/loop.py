@@ -207,6 +207,7 @@ class SpeculativeDecoder:
         # The encoder runs once per request; drafters that share it read state.encoder_outputs.
         state.encoder_outputs = self._target.runner.begin(encoder_outputs=state.encoder_outputs, **state.model_inputs)
         self._target.begin(state)
+        state.target_slots = self._target.slots
         hooks.specdec_begin(state=state, target=self.target)
         while state.active:
             self._iterate(state)

@@ -8,13 +8,20 @@ output as it is).
 
 Everything else is the ``model`` drafter's: its own self-attention cache with holes, catching up on
 the target's committed tokens at the start of each draft, one token per forward. Its
-cross-attention keys are computed on its first forward and kept in its ``EncoderDecoderCache``.
+cross-attention keys are computed on its first forward and kept in its ``EncoderDecoderCache``,
+except for layers whose cross-attention projections are a target layer's own (a draft distilled
+with them frozen, as ``specdec drafter distill-whisper`` does by default): those read the same
+keys and values, so the two caches share them, computed once by whichever model reads first. On
+whisper-base at batch 16 on a CPU, computing the two-layer draft's cross-attention keys took about
+0.5 s per request, as long as five plain decoder steps.
 """
 
 from __future__ import annotations
 
 import attrs
+import torch
 
+from ..core.cache import share_cross_attention
 from ..core.hookspecs import hookimpl
 from ..errors import IncompatibleModelsError
 from .model import ModelDrafter
@@ -30,6 +37,36 @@ def draft_hidden_size(model) -> int | None:
     return None
 
 
+def shared_cross_attention_layers(draft, target) -> list[tuple[int, int]]:
+    """Pairs (draft layer, target layer) whose cross-attention key and value projections are equal:
+    both read the target's encoder output, so their keys and values are the same."""
+    def projections(model):
+        try:
+            layers = model.get_decoder().layers
+        except AttributeError:
+            return []
+        out = []
+        for layer in layers:
+            attention = getattr(layer, "encoder_attn", None)
+            k, v = getattr(attention, "k_proj", None), getattr(attention, "v_proj", None)
+            out.append(None if k is None or v is None else [k.weight, k.bias, v.weight, v.bias])
+        return out
+
+    def same(x, y) -> bool:
+        if x is None or y is None:
+            return x is None and y is None
+        return x.shape == y.shape and x.dtype == y.dtype and x.device == y.device and bool(torch.equal(x, y))
+
+    pairs = []
+    target_layers = projections(target)
+    for i, mine in enumerate(projections(draft)):
+        for j, theirs in enumerate(target_layers):
+            if mine is not None and theirs is not None and all(same(x, y) for x, y in zip(mine, theirs)):
+                pairs.append((i, j))
+                break
+    return pairs
+
+
 @attrs.define(eq=False)
 class SharedEncoderDrafter(ModelDrafter):
     """Draft with a small decoder that cross-attends to the target's encoder output (audio encoded once).
@@ -41,6 +78,7 @@ class SharedEncoderDrafter(ModelDrafter):
     """
 
     name = "shared-encoder"
+    _shared_cross: list = attrs.field(factory=list, init=False, repr=False)  # (draft layer, target layer)
 
     def check_target(self, target) -> None:
         from transformers import AutoModelForCausalLM, PreTrainedModel
@@ -76,6 +114,19 @@ class SharedEncoderDrafter(ModelDrafter):
                 f"hidden size {encoder_width}; a shared-encoder draft must be as wide as the target's encoder"
             )
         self._check_vocabulary(target)
+        self._shared_cross = shared_cross_attention_layers(self.model, target)
+
+    def propose(self, state, max_tokens, keep_drafting):
+        # Before the draft reads: take the layers the target has computed; after: lend the target
+        # those the draft computed (the target reads after the draft in an iteration).
+        self._share(state)
+        draft = super().propose(state, max_tokens, keep_drafting)
+        self._share(state)
+        return draft
+
+    def _share(self, state) -> None:
+        if self._shared_cross and state.target_slots is not None and self._cached.slots is not None:
+            share_cross_attention(self._cached.slots, state.target_slots, self._shared_cross)
 
     def _start_runner(self, state):
         from ..core.models import CausalLMRunner
