@@ -79,7 +79,7 @@ def load_prompts(path: Path, per_kind: int) -> list[dict]:
     return chosen
 
 
-def contenders(run: str, target, head, heuristic_max: int, only=()):
+def contenders(run: str, target, head, heuristic_max: int, only=(), other_head=None):
     """name -> callable(batch, gen_kwargs) -> (sequences, positions dict or None)."""
     sampled, batch = run.endswith("sampled"), int(run[1:].split("-")[0])
     verifier = RejectionVerifier() if sampled else GreedyVerifier()
@@ -114,10 +114,15 @@ def contenders(run: str, target, head, heuristic_max: int, only=()):
         found[f"specdec ngram>={n} else hidden_state k={k}/2"] = spec(
             FallbackDrafter(NGramDrafter(max_ngram=3, min_ngram=n), HiddenStateDrafter(head), then_max_tokens=2),
             ConstantLookahead(k=k))
+    if other_head is not None:  # another head on the same prompts in the same run (--compare-head)
+        found["specdec hidden_state k=2 (compared head)"] = spec(HiddenStateDrafter(other_head), ConstantLookahead(k=2))
+        found["specdec ngram>=2 else hidden_state k=10/2 (compared head)"] = spec(
+            FallbackDrafter(NGramDrafter(max_ngram=3, min_ngram=2), HiddenStateDrafter(other_head), then_max_tokens=2),
+            ConstantLookahead(k=10))
     return {name: go for name, go in found.items() if not only or name in only or name == "target"}
 
 
-def run_one(run: str, target, tokenizer, head, prompts, args) -> dict:
+def run_one(run: str, target, tokenizer, head, prompts, args, other_head=None) -> dict:
     sampled, batch = run.endswith("sampled"), int(run[1:].split("-")[0])
     eos = tokenizer.eos_token_id
     gen = dict(max_new_tokens=args.max_new_tokens, eos_token_id=eos, pad_token_id=tokenizer.pad_token_id)
@@ -136,7 +141,7 @@ def run_one(run: str, target, tokenizer, head, prompts, args) -> dict:
                                                    add_generation_prompt=True) for p in chunk]
             inputs = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
             groups.append((kind, inputs))
-    named = contenders(run, target, head, args.heuristic_max, args.only)
+    named = contenders(run, target, head, args.heuristic_max, args.only, other_head)
     names = list(named)
     # records[name][repeat][kind] = {"time", "tokens", positions...}
     records = {n: [defaultdict(lambda: {"time": 0.0, "tokens": 0, "drafted": [0] * 64, "accepted": [0] * 64,
@@ -277,6 +282,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default=None, help="the converted folder (default: specdec's cache)")
     parser.add_argument("--head", required=True)
+    parser.add_argument("--compare-head", default=None,
+                        help="a second head, run as '(compared head)' contenders (k=2, and behind prompt lookup)")
     parser.add_argument("--prompts", type=Path, default=HERE / "smollm2_prompts.jsonl")
     parser.add_argument("--per-kind", type=int, default=4, help="prompts per kind (batch 4 needs 4)")
     parser.add_argument("--b1-per-kind", type=int, default=2, help="prompts per kind at batch 1")
@@ -299,6 +306,10 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
     head = HiddenStateHead.load(args.head, target)
     head.attach(target.get_output_embeddings().weight)  # the drafter does this too (check_target)
+    other_head = None
+    if args.compare_head:
+        other_head = HiddenStateHead.load(args.compare_head, target)
+        other_head.attach(target.get_output_embeddings().weight)
     prompts = load_prompts(args.prompts, args.per_kind)
     loads = [open("/proc/loadavg").read().split()[0]]
     costs = step_costs(target, head)
@@ -306,7 +317,7 @@ def main() -> None:
     for run in args.runs.split(","):
         batch = int(run[1:].split("-")[0])
         chosen = prompts if batch > 1 else load_prompts(args.prompts, min(args.per_kind, args.b1_per_kind))
-        results.append(run_one(run, target, tokenizer, head, chosen, args))
+        results.append(run_one(run, target, tokenizer, head, chosen, args, other_head))
         loads.append(open("/proc/loadavg").read().split()[0])
         print(markdown(results[-1]), file=sys.stderr, flush=True)
     cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
