@@ -19,9 +19,7 @@ whisper-base at batch 16 on a CPU, computing the two-layer draft's cross-attenti
 from __future__ import annotations
 
 import attrs
-import torch
 
-from ..core.cache import share_cross_attention
 from ..core.hookspecs import hookimpl
 from ..errors import IncompatibleModelsError
 from .model import ModelDrafter
@@ -40,6 +38,8 @@ def draft_hidden_size(model) -> int | None:
 def shared_cross_attention_layers(draft, target) -> list[tuple[int, int]]:
     """Pairs (draft layer, target layer) whose cross-attention key and value projections are equal:
     both read the target's encoder output, so their keys and values are the same."""
+    import torch
+
     def projections(model):
         try:
             layers = model.get_decoder().layers
@@ -125,6 +125,8 @@ class SharedEncoderDrafter(ModelDrafter):
         return draft
 
     def _share(self, state) -> None:
+        from ..core.cache import share_cross_attention
+
         if self._shared_cross and state.target_slots is not None and self._cached.slots is not None:
             share_cross_attention(self._cached.slots, state.target_slots, self._shared_cross)
 
