@@ -30,7 +30,7 @@ sys.path.insert(0, str(HERE.parent))
 from specdec import SpeculativeDecoder  # noqa: E402
 from specdec.core.components import Observer  # noqa: E402
 from specdec.drafters import FallbackDrafter, HiddenStateDrafter, HiddenStateHead, NGramDrafter  # noqa: E402
-from specdec.policies import ConstantLookahead, HeuristicLookahead  # noqa: E402
+from specdec.policies import ConstantLookahead, CostAwareLookahead, HeuristicLookahead  # noqa: E402
 from specdec.verifiers import GreedyVerifier, RejectionVerifier  # noqa: E402
 
 KINDS = ["code", "explain", "summarise", "creative"]
@@ -114,6 +114,11 @@ def contenders(run: str, target, head, heuristic_max: int, only=(), other_head=N
         found[f"specdec ngram>={n} else hidden_state k={k}/2"] = spec(
             FallbackDrafter(NGramDrafter(max_ngram=3, min_ngram=n), HiddenStateDrafter(head), then_max_tokens=2),
             ConstantLookahead(k=k))
+    # The policy that measures costs and falls back to plain steps where drafting does not pay.
+    found["specdec hidden_state cost-aware"] = spec(HiddenStateDrafter(head), CostAwareLookahead())
+    found["specdec ngram>=2 else hidden_state cost-aware"] = spec(
+        FallbackDrafter(NGramDrafter(max_ngram=3, min_ngram=2), HiddenStateDrafter(head), then_max_tokens=2),
+        CostAwareLookahead())
     if other_head is not None:  # another head on the same prompts in the same run (--compare-head)
         found["specdec hidden_state k=2 (compared head)"] = spec(HiddenStateDrafter(other_head), ConstantLookahead(k=2))
         found["specdec ngram>=2 else hidden_state k=10/2 (compared head)"] = spec(
