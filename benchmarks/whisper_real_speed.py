@@ -154,7 +154,7 @@ def contenders(target, draft, policy: str, int8, assistant, hf_tokens: int | Non
         return name if len(choices) == 1 else f"{name} {choice}"
 
     out = {"base": (None, base)}
-    for choice in choices:
+    for choice in choices if draft is not None else ():
         out[named("specdec", choice)] = (None, speculative(draft, choice))
     if assistant is not None:
         out["hf-assisted"] = ({1}, assisted)
@@ -178,10 +178,11 @@ def features_for(processor, rows, audio_dir):
 def measure(args) -> dict:
     torch.set_num_threads(args.threads)
     target, processor = load_target(args.model)
-    draft = load_shared_encoder_draft(args.draft, target)
+    wanted = set(args.contenders.split(","))
+    # Only contenders that draft with it load the draft: base's peak memory (--memory) must not hold it.
+    draft = load_shared_encoder_draft(args.draft, target) if wanted & {"specdec", "hf-assisted"} else None
     eot = target.generation_config.eos_token_id
     clock = EncoderClock(target)
-    wanted = set(args.contenders.split(","))
     assistant = full_head_assistant(draft, target) if "hf-assisted" in wanted else None
     int8 = int8_decoder(target) if "specdec-int8" in wanted else None
     runs = {name: value for name, value in contenders(target, draft, args.policy, int8, assistant,
