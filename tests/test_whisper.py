@@ -153,6 +153,37 @@ class TestEncoderDecoderGenerate:
             decoder = SpeculativeDecoder(target=moonshine, drafter=drafter, policy=ConstantLookahead(k=3))
             assert_same(reference, decoder.generate(input_values=audio, max_new_tokens=12).sequences)
 
+    def test_finished_rows_stay_and_leave_exactly_in_another_family(self):
+        """Rows of a Moonshine batch with padded audio end at different steps (2 and 8 of 40), stay
+        in the model's batch a while, then the batch is cut: still generate's output."""
+        config = transformers.MoonshineConfig(
+            vocab_size=64, hidden_size=32, intermediate_size=64, encoder_num_hidden_layers=1,
+            decoder_num_hidden_layers=1, encoder_num_attention_heads=2, decoder_num_attention_heads=2,
+            max_position_embeddings=128, decoder_start_token_id=1, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+        )
+        torch.manual_seed(0)
+        moonshine = transformers.MoonshineForConditionalGeneration(config).to(torch.float64).eval()
+        with torch.no_grad():
+            for parameter in moonshine.parameters():
+                parameter.mul_(3)
+        audio = torch.randn(6, 4000, dtype=torch.float64)
+        mask = torch.ones(6, 4000, dtype=torch.long)
+        mask[1, 3000:] = 0
+        mask[4, 2000:] = 0
+        free = GenerationMixin.generate(moonshine, audio, attention_mask=mask, max_new_tokens=40, eos_token_id=None)
+        new = free[:, -40:]
+
+        def first_positions(token):
+            return {int((row == token).nonzero()[0]) for row in new if bool((row == token).any())}
+
+        eos = max(new.unique().tolist(), key=lambda token: len(first_positions(token)))
+        assert len(first_positions(eos)) >= 2, "rows must end at different steps for this test to mean anything"
+        reference = GenerationMixin.generate(moonshine, audio, attention_mask=mask, max_new_tokens=40, eos_token_id=eos)
+        decoder = SpeculativeDecoder(target=moonshine, drafter=ModelDrafter(model=moonshine), policy=ConstantLookahead(k=3))
+        out = decoder.generate(input_values=audio, encoder_attention_mask=mask, max_new_tokens=40, eos_token_id=eos)
+        assert_same(reference, out.sequences)
+        assert decoder._target.slots.departures == 1 and decoder._target.slots.physical_batch == 4
+
     def test_models_without_decoder_positions_are_refused(self):
         """BART cannot take decoder_position_ids, so holes cannot be hidden: a ConfigError says so."""
         bart = transformers.BartForConditionalGeneration(transformers.BartConfig(
