@@ -123,7 +123,7 @@ def test_a_finished_row_stays_in_an_encoder_decoder_batch_until_it_has_cost_a_co
     prompt = torch.tensor([[SOT, 258, TRANSCRIBE, NO_TIMESTAMPS]] * 4)
     runner.forward(slots, prompt, torch.ones(4, 4, dtype=torch.bool), logits_to_keep=1)
     assert slots.select_rows(torch.tensor([0, 2, 3]), widest=4) is None
-    assert slots.physical_batch == 4 and slots.departures == 0
+    assert slots.physical_batch == 4 and slots.row_cuts == 0
     history = [prompt[0].tolist() for _ in range(3)]
     cut_after = KEEP_FINISHED_READS * 3  # forwards with one idle row
     for step in range(cut_after + 1):
@@ -139,7 +139,7 @@ def test_a_finished_row_stays_in_an_encoder_decoder_batch_until_it_has_cost_a_co
         if step < cut_after - 1:  # the idle row read fewer times than a cut would cost
             assert physical is None and slots.physical_batch == 4
         elif step == cut_after - 1:
-            assert physical.tolist() == [0, 2, 3] and slots.physical_batch == 3 and slots.departures == 1
+            assert physical.tolist() == [0, 2, 3] and slots.physical_batch == 3 and slots.row_cuts == 1
             runner.select_rows(physical)  # what CachedModel does with the rows kept
         else:
             assert physical is None and slots.idle_reads == 0
@@ -180,13 +180,16 @@ def test_rows_leave_a_whisper_batch_lazily_and_exactly():
         original(state, keep)
 
     decoder._target.select_rows = counting
-    out = decoder.generate(prompt, input_features=x, max_new_tokens=36, eos_token_id=eos)
+    state = decoder.prepare(prompt, max_new_tokens=36, model_inputs={"input_features": x}, eos_token_id=eos)
+    out = decoder.decode(state)
     assert torch.equal(out.sequences, reference)
     assert len(left) == 2 and left[1] - left[0] > 10, left
     # Row 4 was cut out once the five others had read its share five times; row 5 left two steps
     # before the end, too late to be worth a copy of four rows.
-    assert decoder._target.slots.departures == 1 and decoder._target.slots.physical_batch == 5
+    assert decoder._target.slots.row_cuts == 1 and decoder._target.slots.physical_batch == 5
     assert decoder._target.runner.encoder_outputs.last_hidden_state.shape[0] == 5
+    # Every cache's cut is counted where a timing policy sees it (the draft's cache cuts too).
+    assert state.row_cuts == decoder._target.slots.row_cuts + decoder.drafter._cached.slots.row_cuts >= 2
 
 
 class TestAttentionLayout:

@@ -61,6 +61,23 @@ def assert_same(reference, output):
     assert torch.equal(reference, output), (reference.tolist(), output.tolist())
 
 
+def tiny_moonshine():
+    """Another speech encoder-decoder (RoPE decoder, encoder mask in its output), random float64
+    weights scaled up so its greedy choices are clear; seeds the global generator (callers draw
+    their audio after it, as the tests were written)."""
+    config = transformers.MoonshineConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, encoder_num_hidden_layers=1,
+        decoder_num_hidden_layers=1, encoder_num_attention_heads=2, decoder_num_attention_heads=2,
+        max_position_embeddings=128, decoder_start_token_id=1, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+    )
+    torch.manual_seed(0)
+    moonshine = transformers.MoonshineForConditionalGeneration(config).to(torch.float64).eval()
+    with torch.no_grad():
+        for parameter in moonshine.parameters():
+            parameter.mul_(3)
+    return moonshine
+
+
 class TestSeq2SeqRunner:
     """The runner that verifies drafts against an encoder-decoder target."""
 
@@ -137,16 +154,7 @@ class TestEncoderDecoderGenerate:
 
     def test_not_whisper_only(self):
         """Another speech encoder-decoder (Moonshine, RoPE decoder, encoder mask in its output) is exact too."""
-        config = transformers.MoonshineConfig(
-            vocab_size=64, hidden_size=32, intermediate_size=64, encoder_num_hidden_layers=1,
-            decoder_num_hidden_layers=1, encoder_num_attention_heads=2, decoder_num_attention_heads=2,
-            max_position_embeddings=128, decoder_start_token_id=1, bos_token_id=1, eos_token_id=2, pad_token_id=0,
-        )
-        torch.manual_seed(0)
-        moonshine = transformers.MoonshineForConditionalGeneration(config).to(torch.float64).eval()
-        with torch.no_grad():
-            for parameter in moonshine.parameters():
-                parameter.mul_(3)
+        moonshine = tiny_moonshine()
         audio = torch.randn(3, 4000, dtype=torch.float64)
         reference = GenerationMixin.generate(moonshine, audio, max_new_tokens=12)
         for drafter in (NGramDrafter(), ModelDrafter(model=moonshine)):
@@ -156,16 +164,7 @@ class TestEncoderDecoderGenerate:
     def test_finished_rows_stay_and_leave_exactly_in_another_family(self):
         """Rows of a Moonshine batch with padded audio end at different steps (2 and 8 of 40), stay
         in the model's batch a while, then the batch is cut: still generate's output."""
-        config = transformers.MoonshineConfig(
-            vocab_size=64, hidden_size=32, intermediate_size=64, encoder_num_hidden_layers=1,
-            decoder_num_hidden_layers=1, encoder_num_attention_heads=2, decoder_num_attention_heads=2,
-            max_position_embeddings=128, decoder_start_token_id=1, bos_token_id=1, eos_token_id=2, pad_token_id=0,
-        )
-        torch.manual_seed(0)
-        moonshine = transformers.MoonshineForConditionalGeneration(config).to(torch.float64).eval()
-        with torch.no_grad():
-            for parameter in moonshine.parameters():
-                parameter.mul_(3)
+        moonshine = tiny_moonshine()
         audio = torch.randn(6, 4000, dtype=torch.float64)
         mask = torch.ones(6, 4000, dtype=torch.long)
         mask[1, 3000:] = 0
@@ -182,7 +181,7 @@ class TestEncoderDecoderGenerate:
         decoder = SpeculativeDecoder(target=moonshine, drafter=ModelDrafter(model=moonshine), policy=ConstantLookahead(k=3))
         out = decoder.generate(input_values=audio, encoder_attention_mask=mask, max_new_tokens=40, eos_token_id=eos)
         assert_same(reference, out.sequences)
-        assert decoder._target.slots.departures == 1 and decoder._target.slots.physical_batch == 4
+        assert decoder._target.slots.row_cuts == 1 and decoder._target.slots.physical_batch == 4
 
     def test_models_without_decoder_positions_are_refused(self):
         """BART cannot take decoder_position_ids, so holes cannot be hidden: a ConfigError says so."""

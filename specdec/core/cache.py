@@ -99,7 +99,7 @@ class SlotCache:
         lazy = capacity is not None or (isinstance(cache, EncoderDecoderCache) and not recurrent)
         self.row_map = torch.arange(batch_size, device=device) if lazy else None
         self.idle_reads = 0  # forwards' rows spent on finished rows since the batch was last cut
-        self.departures = 0  # times a lazy batch was cut to its active rows (copies of every row's tensors)
+        self.row_cuts = 0  # times a lazy batch was cut to its active rows (copies of every row's tensors)
         self.slot_mask = torch.zeros(batch_size, capacity or 0, dtype=torch.bool, device=device)
         self.positions = torch.zeros(batch_size, capacity or 0, dtype=torch.long, device=device)
         self.n_valid = torch.zeros(batch_size, dtype=torch.long, device=device)
@@ -273,7 +273,7 @@ class SlotCache:
             index = self.row_map
         self.row_map, self._row_map_identity = torch.arange(active, device=index.device), True
         self.idle_reads = 0
-        self.departures += 1
+        self.row_cuts += 1
         self._select_physical(index)
         self.maybe_compact(widest)
         return index
@@ -362,7 +362,7 @@ def share_cross_attention(a: SlotCache, b: SlotCache, layers: list[tuple[int, in
     later cut of either cache indexes them into new ones). Only while both caches still hold every
     row of the request in its original order (no cut yet). Returns how many layers were lent.
     """
-    if a.row_map is None or b.row_map is None or a.departures or b.departures or a.physical_batch != b.physical_batch:
+    if a.row_map is None or b.row_map is None or a.row_cuts or b.row_cuts or a.physical_batch != b.physical_batch:
         return 0
     if not (isinstance(a.cache, EncoderDecoderCache) and isinstance(b.cache, EncoderDecoderCache)):
         return 0
