@@ -110,9 +110,9 @@ def contenders(run: str, target, head, heuristic_max: int, only=(), other_head=N
     found["specdec hidden_state heuristic"] = spec(HiddenStateDrafter(head),
                                                    HeuristicLookahead(initial=3, max_tokens=heuristic_max))
     # Prompt lookup where it matches, the head elsewhere (drafters/fallback.py).
-    for n, k in ((2, 6), (3, 6), (2, 10)):
-        found[f"specdec ngram>={n} else hidden_state k={k}/2"] = spec(
-            FallbackDrafter(NGramDrafter(max_ngram=3, min_ngram=n), HiddenStateDrafter(head), then_max_tokens=2),
+    for n, k, then in ((2, 6, 2), (3, 6, 2), (2, 10, 2), (2, 10, 3)):
+        found[f"specdec ngram>={n} else hidden_state k={k}/{then}"] = spec(
+            FallbackDrafter(NGramDrafter(max_ngram=3, min_ngram=n), HiddenStateDrafter(head), then_max_tokens=then),
             ConstantLookahead(k=k))
     # The policy that measures costs and falls back to plain steps where drafting does not pay.
     found["specdec hidden_state cost-aware"] = spec(HiddenStateDrafter(head), CostAwareLookahead())
@@ -121,9 +121,13 @@ def contenders(run: str, target, head, heuristic_max: int, only=(), other_head=N
         CostAwareLookahead())
     if other_head is not None:  # another head on the same prompts in the same run (--compare-head)
         found["specdec hidden_state k=2 (compared head)"] = spec(HiddenStateDrafter(other_head), ConstantLookahead(k=2))
+        found["specdec hidden_state cost-aware (compared head)"] = spec(HiddenStateDrafter(other_head), CostAwareLookahead())
         found["specdec ngram>=2 else hidden_state k=10/2 (compared head)"] = spec(
             FallbackDrafter(NGramDrafter(max_ngram=3, min_ngram=2), HiddenStateDrafter(other_head), then_max_tokens=2),
             ConstantLookahead(k=10))
+        found["specdec ngram>=2 else hidden_state cost-aware (compared head)"] = spec(
+            FallbackDrafter(NGramDrafter(max_ngram=3, min_ngram=2), HiddenStateDrafter(other_head), then_max_tokens=2),
+            CostAwareLookahead())
     return {name: go for name, go in found.items() if not only or name in only or name == "target"}
 
 
@@ -288,7 +292,7 @@ def main() -> None:
     parser.add_argument("--target", default=None, help="the converted folder (default: specdec's cache)")
     parser.add_argument("--head", required=True)
     parser.add_argument("--compare-head", default=None,
-                        help="a second head, run as '(compared head)' contenders (k=2, and behind prompt lookup)")
+                        help="a second head, run as '(compared head)' contenders (k=2, cost-aware, and behind prompt lookup)")
     parser.add_argument("--prompts", type=Path, default=HERE / "smollm2_prompts.jsonl")
     parser.add_argument("--per-kind", type=int, default=4, help="prompts per kind (batch 4 needs 4)")
     parser.add_argument("--b1-per-kind", type=int, default=2, help="prompts per kind at batch 1")

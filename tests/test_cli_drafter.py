@@ -56,6 +56,22 @@ class TestTrainCommand:
         assert result.exit_code == 0, result.output
         assert out.is_file() and "held-out top-1" in result.output and 'use = "hidden_state"' in result.output
 
+    def test_continues_a_head_unrolled_and_refuses_an_unroll_that_does_not_fit(self, tmp_path):
+        corpus = tmp_path / "corpus.jsonl"
+        texts = [f"def f{i}(x):\n    return x * {i} + {i % 7}\n" for i in range(60)]
+        corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+        common = ["train", "--target", str(PAIR), "--corpus", str(corpus), "--vocab", "64", "--length", "32",
+                  "--epochs", "1", "--batch-size", "4", "--threads", "1"]
+        first = tmp_path / "first.safetensors"
+        assert runner.invoke(drafter_app, [*common, "--out", str(first)]).exit_code == 0
+        result = runner.invoke(drafter_app, [*common, "--out", str(tmp_path / "second.safetensors"),
+                                             "--init", str(first), "--unroll", "3"])
+        assert result.exit_code == 0, result.output
+        assert "step 2:" in result.output and "step 3:" in result.output
+        result = runner.invoke(drafter_app, [*common, "--out", str(tmp_path / "bad.safetensors"), "--unroll", "17"])
+        assert result.exit_code == 2 and "unroll must be between 1 and half the row length (16)" in result.output
+        assert not (tmp_path / "bad.safetensors").exists()
+
     def test_a_missing_corpus_is_a_clear_error(self, tmp_path):
         result = runner.invoke(drafter_app, ["train", "--target", str(PAIR), "--corpus", str(tmp_path / "no.jsonl"),
                                              "--out", str(tmp_path / "h.safetensors")])

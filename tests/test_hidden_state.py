@@ -215,6 +215,76 @@ class TestTrainingOptions:
         assert len(calls) == 1  # the held-out check only: the training rows came from the cache
         assert torch.equal(first.head.token_map, second.head.token_map)
 
+    @pytest.mark.parametrize("arch", ["llama", "gpt2"])
+    def test_unrolled_steps_see_what_a_draft_sees(self, arch):
+        """Step s of unrolled training at index j equals the head drafting its (s + 1)-th token after
+        reading positions 0..j with real hidden states: token by token through a cache, its own
+        predictions fed back (float64)."""
+        from transformers import DynamicCache
+
+        from specdec.training.hidden_state import unrolled_predictions
+
+        target = target_for(arch).to(torch.float64)
+        head = HiddenStateHead(head_config(target.config), torch.arange(24)).to(torch.float64).eval()
+        head.attach(target.get_output_embeddings().weight)
+        embedding = target.get_input_embeddings()
+        tokens = torch.randint(0, target.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(1))
+        features = torch.randn(2, 12, target.config.hidden_size, dtype=torch.float64,
+                               generator=torch.Generator().manual_seed(2))
+        steps = 3
+        unrolled = unrolled_predictions(head, embedding, tokens, features, steps)
+        length = 12 - steps
+        assert [tuple(p.shape) for p in unrolled] == [(2, length, target.config.hidden_size)] * steps
+        for j in (0, 4, length - 1):
+            cache = DynamicCache(config=head.config)
+            inputs = torch.cat([embedding(tokens[:, 1 : j + 2]), features[:, : j + 1]], dim=-1)
+            out = head(inputs_embeds=inputs, position_ids=torch.arange(j + 1)[None].expand(2, -1),
+                       past_key_values=cache, use_cache=True)
+            predicted = out.hidden_states[-1][:, -1]
+            torch.testing.assert_close(predicted, unrolled[0][:, j], rtol=1e-9, atol=1e-9)
+            for step in range(1, steps):
+                inputs = torch.cat([embedding(tokens[:, j + 1 + step : j + 2 + step]), predicted[:, None]], dim=-1)
+                out = head(inputs_embeds=inputs, position_ids=torch.full((2, 1), j + step),
+                           past_key_values=cache, use_cache=True)
+                predicted = out.hidden_states[-1][:, -1]
+                torch.testing.assert_close(predicted, unrolled[step][:, j], rtol=1e-9, atol=1e-9)
+
+    def test_unrolled_training_reports_every_step(self, tmp_path):
+        target = tiny_model("llama")
+        ids, mask = left_padded_prompts([6] * 8, seed=5)
+        texts = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=40).tolist()
+        report = train_hidden_state_head(target, texts, tmp_path / "head.safetensors", vocab=20, length=16,
+                                         epochs=20, batch_size=4, lr=1e-2, unroll=3, holdout=0.2)
+        first, last = sum(report.losses[:3]) / 3, sum(report.losses[-3:]) / 3
+        assert last < 0.8 * first
+        assert len(report.heldout_top1_per_step) == 3 and report.heldout_top1 == report.heldout_top1_per_step[0]
+        assert all(0.0 <= top1 <= 1.0 for top1 in report.heldout_top1_per_step)
+        assert "step 2:" in report.summary() and "step 3:" in report.summary()
+        assert HiddenStateHead.load(report.path, target).token_map.numel() == 20
+
+    def test_training_continues_from_a_given_head(self, tmp_path):
+        """``init``: the head starts from the given one (its token map kept, the given head untouched),
+        so its first loss is the trained head's, far below a fresh head's."""
+        target = tiny_model("llama")
+        ids, mask = left_padded_prompts([6] * 8, seed=5)
+        texts = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=40).tolist()
+        first = train_hidden_state_head(target, texts, tmp_path / "first.safetensors", vocab=20, length=16,
+                                        epochs=20, batch_size=4, lr=1e-2)
+        before = {name: value.clone() for name, value in first.head.state_dict().items()}
+        again = train_hidden_state_head(target, texts, vocab=12, length=16, epochs=1, batch_size=4, lr=1e-3,
+                                        unroll=2, init=first.path)
+        assert torch.equal(again.head.token_map, first.head.token_map)  # vocab=12 is not applied
+        assert again.losses[0] < 0.5 * first.losses[0]
+        continued = train_hidden_state_head(target, texts, vocab=20, length=16, epochs=1, batch_size=4, lr=1e-3,
+                                            init=first.head)
+        assert continued.head is not first.head
+        assert all(torch.equal(value, first.head.state_dict()[name]) for name, value in before.items())
+
+    @pytest.mark.parametrize("unroll", [0, 9])
+    def test_an_unroll_that_does_not_fit_the_rows_is_refused(self, unroll):
+        with pytest.raises(InputError, match="unroll must be between 1 and half the row length \\(8\\)"):
+            train_hidden_state_head(tiny_model("llama"), [[3, 4, 5] * 20], length=16, unroll=unroll)
+
     def test_an_unknown_schedule_is_refused(self):
         with pytest.raises(InputError, match="schedule"):
             train_hidden_state_head(tiny_model("llama"), [[3, 4, 5] * 20], length=16, schedule="linear")

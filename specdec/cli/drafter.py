@@ -44,6 +44,9 @@ def train(
     batch_size: int = typer.Option(8, help="Rows per step."),
     lr: float = typer.Option(1e-3, help="Peak learning rate (AdamW)."),
     schedule: str = typer.Option("cosine", help="constant | cosine."),
+    unroll: int = typer.Option(1, help="Drafted positions to train per position: 2 or more also trains the head "
+                               "on its own predictions, as it drafts (EAGLE-3's training-time test)."),
+    init: Optional[Path] = typer.Option(None, help="A head to continue training from (its token map is kept)."),
     max_texts: int = typer.Option(0, help="Use only the first N texts (0: all)."),
     max_tokens: int = typer.Option(0, help="Use only the first texts up to this many tokens (0: all)."),
     holdout: float = typer.Option(0.05, help="Share of rows held out to measure top-1 agreement."),
@@ -89,7 +92,7 @@ def train(
 
             report = train_hidden_state_head(
                 model, texts, out, tokenizer=tokenizer, vocab=vocab, length=length, epochs=epochs,
-                batch_size=batch_size, lr=lr, schedule=schedule, holdout=holdout, seed=seed,
+                batch_size=batch_size, lr=lr, schedule=schedule, unroll=unroll, init=init, holdout=holdout, seed=seed,
                 feature_cache=feature_cache, on_progress=on_progress,
             )
     except (SpecdecError, OSError) as exc:

@@ -6,10 +6,19 @@ h_(p-1)]`` and is trained to predict h_p: a smooth L1 loss on the hidden state, 
 KL divergence of the head's reduced-vocabulary distribution against the target's own (both read out
 through the target's LM head rows of the token map). The token map is the ``vocab`` tokens the
 target itself predicts most often on the corpus (plus its eos tokens).
+
+When drafting, only the first token is read with a real hidden state: the second reads the head's
+own prediction, and attends to its cache of real reads plus the first draft's entry. Trained on real
+states alone, the head sees such inputs for the first time when it drafts (position-2 acceptance
+fell to a sixth of position 1's on SmolLM2). ``unroll`` > 1 trains the way it drafts (EAGLE-3's
+"training-time test"): step s reads token p + s with the head's step s - 1 prediction, attending to
+step 0's entries up to p and to its own earlier steps at p, the very cache a draft of s + 1 tokens
+builds (``unrolled_mask``). Step s's loss is weighted 0.8**s.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from pathlib import Path
@@ -36,11 +45,13 @@ class HeadTrainingReport:
     map_coverage: float  # share of the target's greedy tokens on the corpus that the token map holds
     seconds: float
     path: Path | None = None
+    heldout_top1_per_step: tuple[float, ...] = ()  # heldout_top1 for each unrolled step (step 0 first)
 
     def summary(self) -> str:
         where = f", saved to {self.path}" if self.path else ""
+        later = "".join(f", step {s + 1}: {top1:.1%}" for s, top1 in enumerate(self.heldout_top1_per_step[1:], 1))
         return (f"{self.steps} steps over {self.tokens} positions in {self.seconds:.0f}s: loss "
-                f"{self.losses[0]:.3f} -> {self.losses[-1]:.3f}, held-out top-1 {self.heldout_top1:.1%}, "
+                f"{self.losses[0]:.3f} -> {self.losses[-1]:.3f}, held-out top-1 {self.heldout_top1:.1%}{later}, "
                 f"token map covers {self.map_coverage:.1%} of the target's tokens{where}")
 
 
@@ -119,15 +130,22 @@ def cached_features(target, rows: torch.Tensor, batch_size: int, cache: str | Pa
 
 
 @torch.no_grad()
-def frequent_tokens(features: torch.Tensor, lm_head_weight: torch.Tensor, vocab: int, always: list[int],
-                    chunk: int = 2048) -> tuple[torch.Tensor, float]:
-    """The ``vocab`` tokens the target predicts most often (its greedy tokens over ``features``),
-    with ``always`` added; and the share of greedy tokens they cover."""
+def _greedy_counts(features: torch.Tensor, lm_head_weight: torch.Tensor, chunk: int = 2048) -> torch.Tensor:
+    """How often the target's greedy token over ``features`` is each token of its vocabulary ([V])."""
     counts = torch.zeros(lm_head_weight.shape[0], dtype=torch.long)
     flat = features.reshape(-1, features.shape[-1])
     weight = lm_head_weight.detach().cpu().to(flat.dtype)
     for start in range(0, flat.shape[0], chunk):
         counts += torch.bincount((flat[start : start + chunk] @ weight.T).argmax(-1), minlength=counts.shape[0])
+    return counts
+
+
+@torch.no_grad()
+def frequent_tokens(features: torch.Tensor, lm_head_weight: torch.Tensor, vocab: int, always: list[int],
+                    chunk: int = 2048) -> tuple[torch.Tensor, float]:
+    """The ``vocab`` tokens the target predicts most often (its greedy tokens over ``features``),
+    with ``always`` added; and the share of greedy tokens they cover."""
+    counts = _greedy_counts(features, lm_head_weight, chunk)
     vocab = min(vocab, counts.shape[0])
     chosen = counts.argsort(descending=True)[:vocab]
     extra = [token for token in always if token not in set(chosen.tolist())]
@@ -135,6 +153,12 @@ def frequent_tokens(features: torch.Tensor, lm_head_weight: torch.Tensor, vocab:
         chosen = torch.cat([chosen[: vocab - len(extra)], torch.tensor(extra)])
     coverage = float(counts[chosen].sum()) / max(int(counts.sum()), 1)
     return chosen.sort().values, coverage
+
+
+def map_coverage(features: torch.Tensor, lm_head_weight: torch.Tensor, token_map: torch.Tensor) -> float:
+    """The share of the target's greedy tokens over ``features`` that ``token_map`` holds."""
+    counts = _greedy_counts(features, lm_head_weight)
+    return float(counts[token_map.cpu()].sum()) / max(int(counts.sum()), 1)
 
 
 def train_hidden_state_head(
@@ -153,6 +177,8 @@ def train_hidden_state_head(
     holdout: float = 0.1,
     seed: int = 0,
     schedule: str = "constant",
+    unroll: int = 1,
+    init: HiddenStateHead | str | Path | None = None,
     feature_cache: str | Path | None = None,
     on_progress: Callable[[str, int, int], None] | None = None,
 ) -> HeadTrainingReport:
@@ -161,13 +187,18 @@ def train_hidden_state_head(
     ``noise`` (relative to the hidden states' spread) is added to the input hidden states while
     training, as EAGLE does, because when drafting the head reads its own predictions.
     ``schedule``: ``"constant"`` or ``"cosine"`` (the learning rate falls to a tenth along a cosine
-    after a short warm-up). ``feature_cache``: a file where the target's hidden states for these
+    after a short warm-up). ``unroll``: drafted positions trained per row position (see the module
+    doc; 1 trains on real hidden states only). ``init``: a head (or its file) to continue from, its
+    weights and token map (``vocab`` is then unused), e.g. to unroll a head trained without.
+    ``feature_cache``: a file where the target's hidden states for these
     rows are kept; a later call on the same rows and target reads them instead of running the
     target again (the file names the rows' hash; anything else there is recomputed).
     ``on_progress(phase, done, total)`` is called as features are computed and steps are taken.
     """
     if not 0.0 <= holdout < 1.0 or vocab < 2 or length < 4 or batch_size < 1 or epochs < 1:
         raise InputError("holdout must be in [0, 1), vocab >= 2, length >= 4, batch_size and epochs >= 1")
+    if not 1 <= unroll <= length // 2:
+        raise InputError(f"unroll must be between 1 and half the row length ({length // 2}), got {unroll}")
     if schedule not in ("constant", "cosine"):
         raise InputError(f"schedule must be 'constant' or 'cosine', got {schedule!r}")
     started = time.perf_counter()
@@ -180,9 +211,14 @@ def train_hidden_state_head(
     target.eval()
     features = cached_features(target, train_rows, batch_size, feature_cache, on_progress)  # [N, T, H]
     eos = token_id_list(target.generation_config.eos_token_id)
-    token_map, coverage = frequent_tokens(features, weight, vocab, eos)
-
-    head = HiddenStateHead(head_config(target.config), token_map).to(device=target.device, dtype=torch.float32)
+    if init is None:
+        token_map, coverage = frequent_tokens(features, weight, vocab, eos)
+        head = HiddenStateHead(head_config(target.config), token_map)
+    else:
+        head = init if isinstance(init, HiddenStateHead) else HiddenStateHead.load(init, target, "train_hidden_state_head")
+        head = copy.deepcopy(head)  # the caller's head stays as it was
+        coverage = map_coverage(features, weight, head.token_map)
+    head = head.to(device=target.device, dtype=torch.float32)
     head.attach(weight.float())
     head.train()
     optimizer = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=lr)
@@ -193,7 +229,7 @@ def train_hidden_state_head(
     scheduler = _scheduler(optimizer, schedule, total)
     for step in range(total):
         pick = torch.randint(0, train_rows.shape[0], (min(batch_size, train_rows.shape[0]),))
-        loss = _loss(head, embedding, train_rows[pick], features[pick], hidden_weight, noise * spread)
+        loss = _loss(head, embedding, train_rows[pick], features[pick], hidden_weight, noise * spread, unroll)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -202,48 +238,94 @@ def train_hidden_state_head(
         if on_progress is not None:
             on_progress("train", step + 1, total)
     head.eval()
-    top1 = _heldout_top1(head, target, embedding, test_rows, batch_size) if heldout else float("nan")
+    per_step = _heldout_top1(head, target, embedding, test_rows, batch_size, unroll) if heldout else ()
+    top1 = per_step[0] if per_step else float("nan")
     head = head.to(dtype=target.dtype)
     head.attach(weight)
     path = None
     if out is not None:
         path = head.save(out, metadata={"heldout_top1": f"{top1:.4f}", "map_coverage": f"{coverage:.4f}",
+                                        "unroll": str(unroll),
+                                        "heldout_top1_per_step": " ".join(f"{t:.4f}" for t in per_step),
                                         "target": str(getattr(target.config, "_name_or_path", "") or "")})
     return HeadTrainingReport(head=head, tokens=train_rows.numel(), steps=total, losses=losses,
-                              heldout_top1=top1, map_coverage=coverage, seconds=time.perf_counter() - started,
+                              heldout_top1=top1, heldout_top1_per_step=tuple(per_step), map_coverage=coverage, seconds=time.perf_counter() - started,
                               path=path)
 
 
-def _loss(head, embedding, tokens, features, hidden_weight: float, noise: float) -> torch.Tensor:
+def unrolled_mask(steps: int, length: int, step: int, dtype: torch.dtype, device=None) -> torch.Tensor:
+    """The additive attention mask ``[1, 1, length, (step + 1) * length]`` of unrolled step ``step``.
+
+    Keys are laid out step by step (``length`` entries each). Query p of step s sees step 0's keys
+    at positions <= p (the cache of real reads, as the draft finds it) and steps 1..s at p itself
+    (the entries the draft's earlier tokens wrote); ``steps`` is only checked.
+    """
+    if not 0 <= step < steps:
+        raise ValueError(f"step {step} of {steps}")
+    query = torch.arange(length, device=device)[:, None]
+    key = torch.arange(length, device=device)[None, :]
+    blocks = [key <= query] + [key == query] * step
+    seen = torch.cat(blocks, dim=1)
+    return torch.zeros(seen.shape, dtype=dtype, device=device).masked_fill_(~seen, torch.finfo(dtype).min)[None, None]
+
+
+def unrolled_predictions(head, embedding, tokens: torch.Tensor, features: torch.Tensor, steps: int,
+                         noise: float = 0.0) -> list[torch.Tensor]:
+    """The head's predicted hidden states for each unrolled step: ``steps`` tensors ``[B, L, H]``, with
+    ``L = T - steps``. Step s at index j reads token j + 1 + s and predicts ``features[:, j + 1 + s]``.
+    """
+    from transformers import DynamicCache
+
     device = head.device
-    tokens, features = tokens.to(device), features.to(device=device, dtype=torch.float32)
-    before = features[:, :-1]  # h_(p-1)
+    tokens, features = tokens.to(device), features.to(device=device, dtype=head.dtype)
+    length = tokens.shape[1] - steps
+    before = features[:, :length]  # h_j
     if noise:
         before = before + noise * torch.randn_like(before)
-    with torch.no_grad():
-        inputs = torch.cat([embedding(tokens[:, 1:]).float(), before], dim=-1)  # token p with h_(p-1)
-        wanted = torch.softmax(head.readout(features[:, 1:]), dim=-1)  # the target's distribution on the map
-    positions = torch.arange(inputs.shape[1], device=device)[None, :].expand(inputs.shape[0], -1)
-    predicted = head(inputs_embeds=inputs, position_ids=positions, use_cache=False).hidden_states[-1]
-    hidden_loss = torch.nn.functional.smooth_l1_loss(predicted, features[:, 1:])
-    # KL rather than cross-entropy: the same gradients, and a loss that goes to 0 when the head
-    # matches the target (cross-entropy stops at the entropy of the target's distribution).
-    token_loss = (wanted * (torch.log(wanted.clamp(min=1e-12)) - torch.log_softmax(head.readout(predicted), dim=-1))).sum(-1).mean()
-    return hidden_weight * hidden_loss + token_loss
+    positions = torch.arange(length, device=device)[None, :].expand(tokens.shape[0], -1)
+    cache = DynamicCache(config=head.config) if steps > 1 else None
+    predicted = []
+    for step in range(steps):
+        inputs = torch.cat([embedding(tokens[:, 1 + step : 1 + step + length]).to(head.dtype), before], dim=-1)
+        mask = unrolled_mask(steps, length, step, head.dtype, device) if steps > 1 else None
+        out = head(inputs_embeds=inputs, position_ids=positions + step, attention_mask=mask,
+                   past_key_values=cache, use_cache=steps > 1)
+        before = out.hidden_states[-1]
+        predicted.append(before)
+    return predicted
+
+
+def _loss(head, embedding, tokens, features, hidden_weight: float, noise: float, unroll: int = 1) -> torch.Tensor:
+    features = features.to(device=head.device, dtype=torch.float32)
+    length = tokens.shape[1] - unroll
+    total = weights = 0.0
+    for step, predicted in enumerate(unrolled_predictions(head, embedding, tokens, features, unroll, noise)):
+        truth = features[:, 1 + step : 1 + step + length]
+        with torch.no_grad():
+            wanted = torch.softmax(head.readout(truth), dim=-1)  # the target's distribution on the map
+        hidden_loss = torch.nn.functional.smooth_l1_loss(predicted, truth)
+        # KL rather than cross-entropy: the same gradients, and a loss that goes to 0 when the head
+        # matches the target (cross-entropy stops at the entropy of the target's distribution).
+        token_loss = (wanted * (torch.log(wanted.clamp(min=1e-12)) - torch.log_softmax(head.readout(predicted), dim=-1))).sum(-1).mean()
+        weight = 0.8 ** step
+        total = total + weight * (hidden_weight * hidden_loss + token_loss)
+        weights += weight
+    return total / weights
 
 
 @torch.no_grad()
-def _heldout_top1(head, target, embedding, rows, batch_size) -> float:
-    """Share of held-out positions where the head's greedy token equals the target's greedy token."""
-    right = seen = 0
+def _heldout_top1(head, target, embedding, rows, batch_size, unroll: int = 1) -> list[float]:
+    """Per unrolled step, the share of held-out positions where the head's greedy token equals the
+    target's greedy token."""
+    right, seen = [0] * unroll, 0
+    lm_head = target.get_output_embeddings().weight.float()
     for start in range(0, rows.shape[0], batch_size):
         batch = rows[start : start + batch_size]
         features = target_features(target, batch, batch_size).to(head.device, torch.float32)
-        inputs = torch.cat([embedding(batch[:, 1:].to(head.device)).float(), features[:, :-1]], dim=-1)
-        positions = torch.arange(inputs.shape[1], device=head.device)[None, :].expand(inputs.shape[0], -1)
-        predicted = head(inputs_embeds=inputs, position_ids=positions, use_cache=False).hidden_states[-1]
-        guess = head.token_map[head.readout(predicted).argmax(-1)]
-        truth = (features[:, 1:] @ target.get_output_embeddings().weight.float().T).argmax(-1)
-        right += int((guess == truth).sum())
-        seen += truth.numel()
-    return right / max(seen, 1)
+        length = batch.shape[1] - unroll
+        for step, predicted in enumerate(unrolled_predictions(head, embedding, batch, features, unroll)):
+            guess = head.token_map[head.readout(predicted).argmax(-1)]
+            truth = (features[:, 1 + step : 1 + step + length] @ lm_head.T).argmax(-1)
+            right[step] += int((guess == truth).sum())
+        seen += batch.shape[0] * length
+    return [r / max(seen, 1) for r in right]
