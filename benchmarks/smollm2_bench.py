@@ -71,10 +71,10 @@ def new_tokens(sequences: torch.Tensor, prompt_width: int, eos: int) -> list[lis
     return rows
 
 
-def load_prompts(path: Path, per_kind: int) -> list[dict]:
+def load_prompts(path: Path, per_kind: int, kinds=KINDS) -> list[dict]:
     records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     chosen = []
-    for kind in KINDS:
+    for kind in kinds:
         chosen += [r for r in records if r["kind"] == kind][:per_kind]
     return chosen
 
@@ -104,6 +104,9 @@ def contenders(run: str, target, head, heuristic_max: int, only=(), other_head=N
     if batch == 1:
         found["prompt lookup (10)"] = plain(prompt_lookup_num_tokens=10)
     found["specdec ngram heuristic"] = spec(NGramDrafter(max_ngram=3), HeuristicLookahead())
+    # Prompt lookup alone as the fallback's first drafter runs it: a long constant k, and cost-aware.
+    found["specdec ngram>=2 k=10"] = spec(NGramDrafter(max_ngram=3, min_ngram=2), ConstantLookahead(k=10))
+    found["specdec ngram>=2 cost-aware"] = spec(NGramDrafter(max_ngram=3, min_ngram=2), CostAwareLookahead())
     ks = (2, 3, 4) if (batch == 1 and not sampled) else (2, 3)
     for k in ks:
         found[f"specdec hidden_state k={k}"] = spec(HiddenStateDrafter(head), ConstantLookahead(k=k))
@@ -296,6 +299,8 @@ def main() -> None:
     parser.add_argument("--prompts", type=Path, default=HERE / "smollm2_prompts.jsonl")
     parser.add_argument("--per-kind", type=int, default=4, help="prompts per kind (batch 4 needs 4)")
     parser.add_argument("--b1-per-kind", type=int, default=2, help="prompts per kind at batch 1")
+    parser.add_argument("--kinds", type=lambda text: [k.strip() for k in text.split(",")], default=KINDS,
+                        help=f"comma-separated kinds of prompt to run (default: {','.join(KINDS)})")
     parser.add_argument("--runs", default="b1-greedy,b4-greedy,b1-sampled,b4-sampled")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=64)
@@ -319,13 +324,16 @@ def main() -> None:
     if args.compare_head:
         other_head = HiddenStateHead.load(args.compare_head, target)
         other_head.attach(target.get_output_embeddings().weight)
-    prompts = load_prompts(args.prompts, args.per_kind)
+    unknown = sorted(set(args.kinds) - set(KINDS))
+    if unknown:
+        parser.error(f"--kinds: unknown kind(s) {', '.join(unknown)}; the kinds are {', '.join(KINDS)}")
+    prompts = load_prompts(args.prompts, args.per_kind, args.kinds)
     loads = [open("/proc/loadavg").read().split()[0]]
     costs = step_costs(target, head)
     results = []
     for run in args.runs.split(","):
         batch = int(run[1:].split("-")[0])
-        chosen = prompts if batch > 1 else load_prompts(args.prompts, min(args.per_kind, args.b1_per_kind))
+        chosen = prompts if batch > 1 else load_prompts(args.prompts, min(args.per_kind, args.b1_per_kind), args.kinds)
         results.append(run_one(run, target, tokenizer, head, chosen, args, other_head))
         loads.append(open("/proc/loadavg").read().split()[0])
         print(markdown(results[-1]), file=sys.stderr, flush=True)
