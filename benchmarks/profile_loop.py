@@ -5,6 +5,12 @@
 
 Prints ms per iteration and cProfile's top functions by own time: the share spent in the models'
 forwards versus the loop's own bookkeeping.
+
+    python benchmarks/profile_loop.py --plain-floor [--repeats 5]
+
+instead times specdec's plain steps (constant k = 0) against the target's own ``generate`` on the
+same prompts, interleaved, with the loop's phases (``PhaseTimes``) and the target's forward timed
+alone in both: what specdec adds to a step where it does not speculate (the "plain-step floor").
 """
 
 import argparse
@@ -28,6 +34,8 @@ parser.add_argument("--temperature", type=float, default=0.0)
 parser.add_argument("--top-p", type=float, default=1.0)
 parser.add_argument("--sort", default="tottime", help="pstats order: tottime or cumtime")
 parser.add_argument("--top", type=int, default=20, help="functions to print")
+parser.add_argument("--plain-floor", action="store_true", help="time plain steps against generate (see above)")
+parser.add_argument("--repeats", type=int, default=5, help="interleaved repeats for --plain-floor")
 args = parser.parse_args()
 
 config = SpecdecConfig.from_toml(args.config)
@@ -43,6 +51,53 @@ batches = [
     tokenizer(prompts[i : i + args.batch_size], return_tensors="pt", padding=True)
     for i in range(0, len(prompts), args.batch_size)
 ]
+if args.plain_floor:
+    import statistics
+
+    import torch
+
+    from specdec.observers import PhaseTimes
+
+    torch.set_num_threads(1)
+    phases = PhaseTimes()
+    plain = SpeculativeDecoder.from_config(config.with_choices(policy="constant", policy_options={"k": 0}),
+                                           target=target, extra_observers=[phases])
+    forward = {"seconds": 0.0, "calls": 0}
+    target.register_forward_pre_hook(lambda module, inputs: forward.__setitem__("started", time.perf_counter()))
+    target.register_forward_hook(lambda module, inputs, output: forward.update(
+        seconds=forward["seconds"] + time.perf_counter() - forward["started"], calls=forward["calls"] + 1))
+
+    def timed(run):
+        forward.update(seconds=0.0, calls=0)
+        started, tokens = time.perf_counter(), 0
+        for batch in batches:
+            tokens += int(run(batch))
+        return time.perf_counter() - started, tokens, forward["seconds"] / max(forward["calls"], 1)
+
+    def generate(batch):
+        out = target.generate(**batch, max_new_tokens=args.max_new_tokens, do_sample=False)
+        return (out.shape[1] - batch["input_ids"].shape[1]) * out.shape[0]
+
+    def specdec(batch):
+        return plain.generate(**batch, max_new_tokens=args.max_new_tokens).stats.new_tokens
+
+    timed(generate), timed(specdec)  # warm-up
+    rows = {"generate": [], "specdec k=0": []}
+    for _ in range(args.repeats):
+        for name, run in (("generate", generate), ("specdec k=0", specdec)):
+            phases.reset()
+            seconds, tokens, forward_s = timed(run)
+            rows[name].append((1000 * seconds / tokens, 1000 * forward_s))
+    for name, values in rows.items():
+        step = statistics.median(v[0] for v in values)
+        fwd = statistics.median(v[1] for v in values)
+        print(f"{name:12s} {step:.3f} ms per token, target forward {fwd:.3f} ms, the rest {step - fwd:.3f} ms")
+    ratio = statistics.median(g[0] / s[0] for g, s in zip(rows["generate"], rows["specdec k=0"]))
+    print(f"specdec k=0 runs at {ratio:.3f}x of generate (median of {args.repeats} paired repeats)")
+    print("specdec's phases (last repeat), ms per iteration:",
+          {name: round(ms, 3) for name, ms in phases.per_iteration_ms().items()})
+    raise SystemExit(0)
+
 for batch in batches[:2]:  # warm-up
     decoder.generate(**batch, max_new_tokens=args.max_new_tokens, **sampling)
 
