@@ -261,6 +261,7 @@ class TestTrainingOptions:
         assert all(0.0 <= top1 <= 1.0 for top1 in report.heldout_top1_per_step)
         assert "step 2:" in report.summary() and "step 3:" in report.summary()
         assert HiddenStateHead.load(report.path, target).token_map.numel() == 20
+        assert all(p.grad is None for p in target.parameters())  # the target is read, never trained
 
     def test_training_continues_from_a_given_head(self, tmp_path):
         """``init``: the head starts from the given one (its token map kept, the given head untouched),

@@ -249,19 +249,17 @@ def train_hidden_state_head(
                                         "heldout_top1_per_step": " ".join(f"{t:.4f}" for t in per_step),
                                         "target": str(getattr(target.config, "_name_or_path", "") or "")})
     return HeadTrainingReport(head=head, tokens=train_rows.numel(), steps=total, losses=losses,
-                              heldout_top1=top1, heldout_top1_per_step=tuple(per_step), map_coverage=coverage, seconds=time.perf_counter() - started,
-                              path=path)
+                              heldout_top1=top1, map_coverage=coverage, seconds=time.perf_counter() - started,
+                              path=path, heldout_top1_per_step=tuple(per_step))
 
 
-def unrolled_mask(steps: int, length: int, step: int, dtype: torch.dtype, device=None) -> torch.Tensor:
+def unrolled_mask(length: int, step: int, dtype: torch.dtype, device=None) -> torch.Tensor:
     """The additive attention mask ``[1, 1, length, (step + 1) * length]`` of unrolled step ``step``.
 
     Keys are laid out step by step (``length`` entries each). Query p of step s sees step 0's keys
     at positions <= p (the cache of real reads, as the draft finds it) and steps 1..s at p itself
-    (the entries the draft's earlier tokens wrote); ``steps`` is only checked.
+    (the entries the draft's earlier tokens wrote).
     """
-    if not 0 <= step < steps:
-        raise ValueError(f"step {step} of {steps}")
     query = torch.arange(length, device=device)[:, None]
     key = torch.arange(length, device=device)[None, :]
     blocks = [key <= query] + [key == query] * step
@@ -286,8 +284,10 @@ def unrolled_predictions(head, embedding, tokens: torch.Tensor, features: torch.
     cache = DynamicCache(config=head.config) if steps > 1 else None
     predicted = []
     for step in range(steps):
-        inputs = torch.cat([embedding(tokens[:, 1 + step : 1 + step + length]).to(head.dtype), before], dim=-1)
-        mask = unrolled_mask(steps, length, step, head.dtype, device) if steps > 1 else None
+        with torch.no_grad():  # the target's embedding is frozen: no gradient for its table
+            embedded = embedding(tokens[:, 1 + step : 1 + step + length]).to(head.dtype)
+        inputs = torch.cat([embedded, before], dim=-1)
+        mask = unrolled_mask(length, step, head.dtype, device) if steps > 1 else None
         out = head(inputs_embeds=inputs, position_ids=positions + step, attention_mask=mask,
                    past_key_values=cache, use_cache=steps > 1)
         before = out.hidden_states[-1]
