@@ -310,6 +310,9 @@ def main() -> None:
                         help="comma-separated contender names to run (the target always runs)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
+    unknown = sorted(set(args.kinds) - set(KINDS))
+    if unknown:
+        parser.error(f"--kinds: unknown kind(s) {', '.join(unknown)}; the kinds are {', '.join(KINDS)}")
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from specdec.convert.gguf import convert_smollm2
@@ -324,9 +327,6 @@ def main() -> None:
     if args.compare_head:
         other_head = HiddenStateHead.load(args.compare_head, target)
         other_head.attach(target.get_output_embeddings().weight)
-    unknown = sorted(set(args.kinds) - set(KINDS))
-    if unknown:
-        parser.error(f"--kinds: unknown kind(s) {', '.join(unknown)}; the kinds are {', '.join(KINDS)}")
     prompts = load_prompts(args.prompts, args.per_kind, args.kinds)
     loads = [open("/proc/loadavg").read().split()[0]]
     costs = step_costs(target, head)
