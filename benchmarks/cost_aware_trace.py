@@ -32,13 +32,13 @@ parser.add_argument("--warm", type=int, default=3, help="passes over the prompts
 parser.add_argument("--max-new-tokens", type=int, default=48)
 args = parser.parse_args()
 
-torch.set_num_threads(1)
-target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).eval()
-tokenizer = AutoTokenizer.from_pretrained(args.target)
 records = [json.loads(line) for line in (HERE / "smollm2_prompts.jsonl").read_text().splitlines() if line.strip()]
 chosen = [r for r in records if r["kind"] == args.kind][: args.prompts]
 if not chosen:
     parser.error(f"--kind {args.kind!r}: no such prompts in smollm2_prompts.jsonl")
+torch.set_num_threads(1)
+target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).eval()
+tokenizer = AutoTokenizer.from_pretrained(args.target)
 inputs = [tokenizer(tokenizer.apply_chat_template([{"role": "user", "content": r["prompt"]}], tokenize=False,
                                                   add_generation_prompt=True), return_tensors="pt",
                     add_special_tokens=False) for r in chosen]
