@@ -309,6 +309,15 @@ class TestAcceptance:
         policy.on_step(state, step_of([0], [0], [0]))
         assert policy._failure.tolist() == [1.0]
 
+    def test_a_short_draft_accepted_whole_is_not_a_failure(self):
+        """Prompt lookup found 2 tokens to copy where 4 were asked, and both were right."""
+        policy = CostAwareLookahead(clock=lambda: 0.0)
+        state = fake_state(2)
+        policy.begin(state, None)
+        policy.lookahead(state)  # k = 4 for both rows
+        policy.on_step(state, step_of([0, 1], [2, 3], [2, 1]))
+        assert policy._success.tolist() == [2.0, 1.0]
+        assert policy._failure.tolist() == [0.0, 1.0]  # row 1 had its second token rejected
 
     def test_a_row_that_stopped_drafting_drifts_back_to_the_pooled_estimate(self):
         policy = CostAwareLookahead(clock=lambda: 0.0, probe_rate=0.0)

@@ -425,8 +425,13 @@ class CostAwareLookahead(LookaheadPolicy):
         asked = requested > 0
         if bool(asked.any()):
             rows = step.rows_host[asked]
-            accepted = step.accepted_host[asked].to(torch.float64)
-            rejected = (step.accepted_host[asked] < requested[asked]).to(torch.float64)
+            accepted_count, drafted = step.accepted_host[asked], step.drafted_host[asked]
+            accepted = accepted_count.to(torch.float64)
+            # A draft shorter than asked and accepted whole (prompt lookup found only so much to
+            # copy) was not wrong about any token; a row that drafted nothing, or had a token
+            # rejected, failed.
+            short = accepted_count < requested[asked]
+            rejected = (short & ((drafted == 0) | (accepted_count < drafted))).to(torch.float64)
             self._success[rows] += accepted
             self._failure[rows] += rejected
             pool_decay = self.alpha_decay ** (1 / 16)  # the pooled estimate moves slower than a row's
