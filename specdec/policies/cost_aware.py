@@ -16,8 +16,9 @@ forward passes and no host syncs of its own:
   relative slope ``b / a`` of the nearest bucket that has a fit (the choice depends only on it).
 * **Acceptance.** Each row's per-position acceptance alpha is estimated from what it drafted and
   what the target kept, accounting for truncation: a draft of m that was accepted in full says
-  "m successes, no failure" (alpha is high, not m/m), a draft cut at its first rejection says
-  "accepted successes, one failure". Beta prior from the pooled acceptance of all rows (kept across
+  "m successes, no failure" (alpha is high, not m/m), also when m is short of the k asked (prompt
+  lookup found only m tokens to copy); a draft cut at its first rejection, or no draft at all,
+  says "accepted successes, one failure". Beta prior from the pooled acceptance of all rows (kept across
   requests), row counts decayed by ``alpha_decay`` per step so a row follows the text it is in.
 * **Choice.** Expected committed tokens for a row drafting m = min(k, its budget):
   ``(1 - alpha^(m+1)) / (1 - alpha)``. The verify is one padded target forward (every row pays for
