@@ -37,6 +37,8 @@ parser.add_argument("--top", type=int, default=20, help="functions to print")
 parser.add_argument("--plain-floor", action="store_true", help="time plain steps against generate (see above)")
 parser.add_argument("--repeats", type=int, default=5, help="interleaved repeats for --plain-floor")
 args = parser.parse_args()
+if args.plain_floor and args.batch_size != 1:
+    parser.error("--plain-floor times batch 1 (generate's finished rows run on as padding; the token counts would differ)")
 
 config = SpecdecConfig.from_toml(args.config)
 target, tokenizer = config.load_target()

@@ -428,11 +428,10 @@ class CostAwareLookahead(LookaheadPolicy):
             rows = step.rows_host[asked]
             accepted_count, drafted = step.accepted_host[asked], step.drafted_host[asked]
             accepted = accepted_count.to(torch.float64)
-            # A draft shorter than asked and accepted whole (prompt lookup found only so much to
-            # copy) was not wrong about any token; a row that drafted nothing, or had a token
+            # A draft accepted whole, also one shorter than asked (prompt lookup found only so much
+            # to copy), was not wrong about any token; a row that drafted nothing, or had a token
             # rejected, failed.
-            short = accepted_count < requested[asked]
-            rejected = (short & ((drafted == 0) | (accepted_count < drafted))).to(torch.float64)
+            rejected = ((drafted == 0) | (accepted_count < drafted)).to(torch.float64)
             self._success[rows] += accepted
             self._failure[rows] += rejected
             pool_decay = self.alpha_decay ** (1 / 16)  # the pooled estimate moves slower than a row's
