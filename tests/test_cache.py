@@ -104,6 +104,7 @@ def test_a_batch_of_one_never_holds_a_hole():
     assert torch.equal(out.sequences, target.generate(ids, max_new_tokens=24, do_sample=False))
     assert any(accepted < drafted for _, accepted, drafted in caches)  # there were rejections
     assert all(hole_free for hole_free, _, _ in caches)
+    assert not decoder.drafter._cached.slots.holes  # and known so on the host: its steps need no mask
 
 
 def test_a_finished_row_stays_in_an_encoder_decoder_batch_until_it_has_cost_a_copy():
@@ -240,3 +241,21 @@ class TestAttentionLayout:
             [0, 0, 0, 1, 1],
         ]
         assert AttentionLayout.of(mistral).counts_positions
+
+
+def test_a_block_known_to_be_dense_extends_the_cache_as_a_scanned_one():
+    """``extend(valid, dense=True)`` (the caller knows on the host that the block holds no hole) gives
+    the positions and slots the general path computes from ``valid``, and keeps the cache known
+    hole-free until rows keep different numbers of drafts."""
+    runner = CausalLMRunner(tiny_model("llama"))
+    scanned, known = runner.new_cache(2), runner.new_cache(2)
+    for width in (3, 1, 2):
+        valid = torch.ones(2, width, dtype=torch.bool)
+        assert torch.equal(scanned.extend(valid), known.extend(valid, dense=True))
+    for name in ("slot_mask", "positions", "n_valid"):
+        assert torch.equal(getattr(scanned, name), getattr(known, name))
+    assert scanned.holes and not known.holes
+    known.drop_tail(2, keep_columns=torch.tensor([2, 2]), shared=2)  # both rows keep both columns
+    assert not known.holes and known.n_valid.tolist() == [6, 6]
+    known.drop_tail(2, keep_columns=torch.tensor([1, 2]), shared=1)  # row 0 drops one: a hole
+    assert known.holes and known.n_valid.tolist() == [5, 6]

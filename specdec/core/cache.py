@@ -107,6 +107,9 @@ class SlotCache:
         self.prompt_lengths = torch.zeros(batch_size, dtype=torch.long, device=device)
         self.compactions = 0
         self._row_map_identity = True
+        # Whether a slot may be a hole, as known on the host: False until a block that may hold one
+        # is read or drafts are rejected into holes (a lone row's rejected drafts are cut off instead).
+        self.holes = False
 
     @property
     def static(self) -> bool:
@@ -136,29 +139,41 @@ class SlotCache:
             return rows
         return rows.index_select(0, self.row_map)
 
-    def extend(self, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Reserve slots for a block of new tokens; return ``(attention_mask, position_ids)`` for it.
+    def extend(self, valid: torch.Tensor, dense: bool = False) -> torch.Tensor:
+        """Reserve slots for a block of new tokens; return its ``position_ids`` ``[B, n]`` (the
+        attention mask is ``slot_mask``, with the new slots in it).
 
         ``valid`` is ``[B, n]`` bool: False columns are holes from the start (padding in a ragged
-        block).
+        block). ``dense`` says, from what the caller knows on the host, that every column is valid:
+        the block then needs no scan, and a cache that has never held a hole stays known to hold
+        none (``holes``), which lets one-token steps go without a mask and without asking the device.
         """
+        if self.row_map is not None:
+            self.idle_reads += self.physical_batch - self.row_map.shape[0]
+        n = valid.shape[1]
+        if dense and not self.static:
+            steps = torch.arange(n, device=self.n_valid.device) if n > 1 else 0
+            position_ids = self.n_valid[:, None] + steps  # [B, n]
+            self.n_valid = self.n_valid + n
+            self.slot_mask = torch.nn.functional.pad(self.slot_mask, (0, n), value=True)
+            self.positions = torch.cat([self.positions, position_ids], dim=1)
+            return position_ids
+        self.holes = True  # the block may hold some; nobody asks the device which
         # Holes get the position of the valid token before them; they are masked, so it only has
         # to be a legal index.
         position_ids = (self.n_valid[:, None] + valid.cumsum(1) - 1).clamp_(min=0)  # [B, n]
         self.n_valid = self.n_valid + valid.sum(1)
-        if self.row_map is not None:
-            self.idle_reads += self.physical_batch - self.row_map.shape[0]
         if self.static:
-            start, n = self._used, valid.shape[1]
+            start = self._used
             if start + n > self.capacity:
                 self._grow(start + n)
             self.slot_mask[:, start : start + n] = valid  # [P, capacity]: written in place
             self.positions[:, start : start + n] = position_ids
             self._used = start + n
-            return self.slot_mask.long(), position_ids
+            return position_ids
         self.slot_mask = torch.cat([self.slot_mask, valid], dim=1)  # [B, L + n]
         self.positions = torch.cat([self.positions, position_ids], dim=1)  # [B, L + n]
-        return self.slot_mask.long(), position_ids
+        return position_ids
 
     def _grow(self, needed: int) -> None:
         """A block wider than the free columns (compaction runs between rounds and keeps ``headroom``
@@ -179,26 +194,30 @@ class SlotCache:
         self.capacity = capacity
         self.regrowths += 1
 
-    def drop_tail(self, n: int, keep_columns: torch.Tensor, widest: int | None = None, common: int = 0) -> None:
+    def drop_tail(self, n: int, keep_columns: torch.Tensor, widest: int | None = None, common: int = 0,
+                  shared: int = 0) -> None:
         """Of the last ``n`` slots, turn every column from ``keep_columns[b]`` on into a hole.
 
         ``widest``, when given, is the largest number of valid slots any row holds afterwards, as
         the caller knows it on the host; it decides whether to compact. ``common`` (host int) is how
         many of the last columns every row drops (``n`` less the largest ``keep_columns``): a
         dynamic cache cuts them off instead of keeping them as holes, so that a batch of one never
-        holds a hole and its one-token steps need no mask.
+        holds a hole and its one-token steps need no mask. ``shared`` (host int) is how many of the
+        first columns every row keeps (the smallest ``keep_columns``): when that is all that is left
+        after the cut, no row has anything to drop.
         """
         if n == 0:
             return
         if common > 0 and self._can_cut():
             self._cut(common)
             n -= common
-        if n > 0:
+        if n > shared or n > 0 and self.recurrent is not None:  # recurrent states rewind even so
             self._mark_holes(n, keep_columns)
         if widest is not None:
             self.maybe_compact(widest)
 
     def _mark_holes(self, n: int, keep_columns: torch.Tensor) -> None:
+        self.holes = True
         if self.recurrent is not None:
             self.recurrent.rewind(keep_columns)
         keep_columns = self.to_physical(keep_columns)  # finished rows keep nothing new

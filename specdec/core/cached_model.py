@@ -93,6 +93,7 @@ class CachedModel:
         device = state.device
         if tokens is None:
             tokens = torch.zeros(state.active, 0, dtype=torch.long, device=device)
+        dense = valid is None  # no hole in the block, known on the host (SlotCache.extend)
         if valid is None:
             valid = torch.ones(tokens.shape, dtype=torch.bool, device=device)
         speculative = tokens.shape[1]
@@ -106,23 +107,25 @@ class CachedModel:
             positions = self._round_start[:, None] + self._speculative_read + torch.arange(speculative, device=device)
         self._speculative_read += speculative
         if self._round_columns == 0:  # the round's first read catches up on the committed tokens
-            catch_up, catch_up_valid, catch_up_positions = state.committed_since(
-                self.fed_host[state.rows_host], bucketed=self.slots.static)  # [B, W]
+            fed_host = self.fed_host[state.rows_host]
+            catch_up, catch_up_valid, catch_up_positions = state.committed_since(fed_host, bucketed=self.slots.static)  # [B, W]
             self._catch_up_columns = catch_up.shape[1]
+            catch_up_dense = not self.slots.static and state.backlog_is_dense(fed_host, catch_up.shape[1])
             if self.slots.recurrent is not None and speculative:
                 # Recurrent states read the committed block first, as generate reads the prompt,
                 # then each speculative token with a checkpoint after it.
                 first = self._forward(catch_up, catch_up_valid, catch_up_positions,
-                                      max(logits_to_keep - speculative, 1), embed, hidden)
-                rest = self._forward(tokens, valid, positions, min(logits_to_keep, speculative), embed, hidden)
+                                      max(logits_to_keep - speculative, 1), embed, hidden, catch_up_dense)
+                rest = self._forward(tokens, valid, positions, min(logits_to_keep, speculative), embed, hidden, dense)
                 self._remember(torch.cat([catch_up_valid, valid], dim=1), positions, catch_up_positions)
                 return _joined(first, rest, logits_to_keep, hidden)
+            dense = dense and catch_up_dense
             tokens = torch.cat([catch_up, tokens], dim=1)
             valid = torch.cat([catch_up_valid, valid], dim=1)
             positions = self._remember(valid, positions, catch_up_positions)
         else:
             self._remember(valid, positions)
-        return self._forward(tokens, valid, positions, logits_to_keep, embed, hidden)
+        return self._forward(tokens, valid, positions, logits_to_keep, embed, hidden, dense)
 
     def _reread(self, state, tokens, valid, logits_to_keep, embed, hidden):
         """``read`` for a ``RereadingRunner``: it gets each row's committed tokens and the round's
@@ -179,11 +182,11 @@ class CachedModel:
         self.positions, self.valid = positions, valid
         return positions
 
-    def _forward(self, tokens, valid, positions, logits_to_keep, embed, hidden):
+    def _forward(self, tokens, valid, positions, logits_to_keep, embed, hidden, dense):
         self._round_columns += tokens.shape[1]
         inputs_embeds = None if embed is None else embed(tokens, positions)
         return self.runner.forward(self.slots, tokens, valid, logits_to_keep=logits_to_keep,
-                                   inputs_embeds=inputs_embeds, hidden=hidden)
+                                   inputs_embeds=inputs_embeds, hidden=hidden, dense=dense)
 
     def read_positions(self, state) -> torch.Tensor:
         """[B, n] the buffer position of each column of the last read whose token is now committed,
@@ -207,8 +210,10 @@ class CachedModel:
             return
         # A plain step read only committed tokens: nothing to drop (recurrent states still close their round).
         if self._speculative_read or self.slots.recurrent is not None:
-            common = self._round_columns - self._catch_up_columns - (int(kept_host.max()) if kept_host.numel() else 0)
-            self.slots.drop_tail(self._round_columns, keep_columns=self._catch_up_columns + kept, common=common)
+            most, least = (int(kept_host.max()), int(kept_host.min())) if kept_host.numel() else (0, 0)
+            self.slots.drop_tail(self._round_columns, keep_columns=self._catch_up_columns + kept,
+                                 common=self._round_columns - self._catch_up_columns - most,
+                                 shared=self._catch_up_columns + least)
         self._round_columns = self._catch_up_columns = self._speculative_read = 0
         widest = self._widest(state, rows_host)
         self.slots.maybe_compact(widest)

@@ -21,8 +21,9 @@ class TokenByToken:
     ``draft_early_exit`` chooses; docs/design.md, "Host syncs", has the measurement).
     """
 
-    def __init__(self, state, max_tokens: torch.Tensor):  # max_tokens [B] CPU
+    def __init__(self, state, max_tokens: torch.Tensor, keep_drafting=None):  # max_tokens [B] CPU
         self.state = state
+        self.keep_drafting = keep_drafting
         self.width = int(max_tokens.max())
         device, batch = state.device, state.active
         self.limit = max_tokens.to(device, non_blocking=True)  # [B]
@@ -32,6 +33,13 @@ class TokenByToken:
         self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
         self.drafting = self.limit > 0  # [B]
         self.drafted = 0
+        # Greedy, with no processors (which could leave a row nothing to draft) and no policy judging
+        # each position: every row drafts its budget, a token is an argmax, and q is only reported,
+        # so it is computed once for the whole draft in ``draft``. On a CPU the per-position softmax,
+        # masks and bookkeeping cost 10% of a small draft model's step.
+        listening = keep_drafting is not None and getattr(keep_drafting, "listening", True)
+        self._lean = not (state.do_sample or state.processors or listening)
+        self._scores: list[torch.Tensor] = []  # the lean path's scores, one [B, V] per position
 
     @property
     def so_far(self) -> torch.Tensor:
@@ -40,6 +48,12 @@ class TokenByToken:
 
     def add(self, scores: torch.Tensor) -> torch.Tensor:  # scores [B, V] fp32, processed -> token [B]
         j, state = self.drafted, self.state
+        if self._lean:
+            token = scores.argmax(-1)
+            self.tokens[:, j] = token
+            self._scores.append(scores)
+            self.drafted = j + 1
+            return token
         # A row whose scores are all -inf has nothing to draft: a reduced-vocabulary draft where the
         # processors allow only tokens outside its map (Whisper's timestamp grammar forcing a
         # timestamp). It stops here; scoring it as uniform keeps q finite for the tokens nobody reads.
@@ -63,13 +77,17 @@ class TokenByToken:
         self._q = q
         return token
 
-    def more(self, keep_drafting) -> bool:
+    def more(self) -> bool:
         """Whether to draft another token: some row is under its budget and the policy lets it go on."""
         if self.drafted == self.width:
             return False
+        if self._lean:
+            return True
         self.drafting = self.drafting & (self.limit > self.drafted)
+        if self.keep_drafting is None:
+            return True
         j = self.drafted - 1
-        keep = keep_drafting(j, self.tokens[:, j], self.token_probs[:, j], self._q)
+        keep = self.keep_drafting(j, self.tokens[:, j], self.token_probs[:, j], self._q)
         if keep is not None:
             self.drafting = self.drafting & keep
             if self.state.draft_early_exit and not bool(self.drafting.any()):  # a sync; the CPU's default
@@ -78,5 +96,9 @@ class TokenByToken:
 
     def draft(self) -> Draft:
         drafted = self.drafted
+        if self._lean and drafted:  # every row drafted its budget (the draft's width is the largest)
+            q = torch.softmax(torch.stack(self._scores, dim=1), dim=-1)  # [B, K, V] fp32
+            self.token_probs[:, :drafted] = q.gather(2, self.tokens[:, :drafted, None])[..., 0]
+            self.lengths = self.limit.clamp(max=drafted)
         return Draft(tokens=self.tokens[:, :drafted], lengths=self.lengths, token_probs=self.token_probs[:, :drafted],
                      probs=None if self.probs is None else self.probs[:, :drafted])

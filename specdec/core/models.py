@@ -271,14 +271,15 @@ class CausalLMRunner:
         logits_to_keep: int,
         inputs_embeds: torch.Tensor | None = None,  # [B, n, D]: fed instead of the tokens' embeddings
         hidden: bool = False,
+        dense: bool = False,  # every column of ``valid`` is True, as the caller knows on the host
     ):  # logits [B, logits_to_keep, V], or (logits, last hidden states [B, n, H]) with ``hidden``
         states = slots.recurrent
         if states is None:
-            return self._forward(slots, input_ids, valid, logits_to_keep, inputs_embeds, hidden)
+            return self._forward(slots, input_ids, valid, logits_to_keep, inputs_embeds, hidden, dense)
         if not states.checkpoints:
             states.begin_round()
         if not states.started:  # the prompt, read at once as generate reads it
-            out = self._forward(slots, input_ids, valid, logits_to_keep, inputs_embeds, hidden)
+            out = self._forward(slots, input_ids, valid, logits_to_keep, inputs_embeds, hidden, dense)
             states.record(input_ids.shape[1])
             return out
         # Recurrent layers continue from a state one token at a time: one forward per column, a hole
@@ -287,7 +288,7 @@ class CausalLMRunner:
         for c in range(input_ids.shape[1]):
             before = states.checkpoints[-1]
             embeds = None if inputs_embeds is None else inputs_embeds[:, c : c + 1]
-            outs.append(self._forward(slots, input_ids[:, c : c + 1], valid[:, c : c + 1], 1, embeds, hidden))
+            outs.append(self._forward(slots, input_ids[:, c : c + 1], valid[:, c : c + 1], 1, embeds, hidden, dense))
             states.keep_rows(before, valid[:, c])
             states.record(1)
         if not hidden:
@@ -302,22 +303,28 @@ class CausalLMRunner:
         # mask is used as it is. On the CPU a sync is free and the 2D path is transformers' own.
         return device.type != "cpu" and self.layout.takes_prepared_masks
 
-    def _forward(self, slots: SlotCache, input_ids, valid, logits_to_keep: int, inputs_embeds=None, hidden=False):
+    def _forward(self, slots: SlotCache, input_ids, valid, logits_to_keep: int, inputs_embeds=None, hidden=False,
+                 dense=False):
         # A static cache's physical batch may hold finished rows: they read holes.
-        input_ids, valid = slots.to_physical(input_ids), slots.to_physical(valid, False)  # [P, n]
+        physical = slots.to_physical(valid, False)  # [P, n]
+        dense = dense and physical is valid  # finished rows in the batch read holes
+        input_ids, valid = slots.to_physical(input_ids), physical
         if inputs_embeds is not None:
             inputs_embeds = slots.to_physical(inputs_embeds)
-        attention_mask, position_ids = slots.extend(valid)
+        position_ids = slots.extend(valid, dense)
+        one_token = input_ids.shape[1] == 1
         if self.layout.counts_positions or slots.attends and (slots.static or self._prepares_masks(input_ids.device)):
             attention_mask = self.layout.masks(slots.slot_mask, slots.positions, position_ids, self.model.dtype,
                                                first_query_slot=slots.length - input_ids.shape[1],
                                                prompt_lengths=slots.prompt_lengths)
         elif not slots.attends:
             attention_mask = valid.long()
-        elif input_ids.shape[1] == 1 and input_ids.device.type == "cpu" and bool(attention_mask.all()):
+        elif one_token and (not slots.holes or input_ids.device.type == "cpu" and bool(slots.slot_mask.all())):
             # A plain step over a cache without holes attends to every slot: no mask, as generate
             # passes none without padding (transformers would check the 2D mask and drop it anyway).
             attention_mask = None
+        else:
+            attention_mask = slots.slot_mask.long()
         kwargs = {}
         if self._logits_to_keep:
             kwargs["logits_to_keep"] = logits_to_keep
@@ -569,11 +576,15 @@ class Seq2SeqRunner:
         logits_to_keep: int,
         inputs_embeds: torch.Tensor | None = None,  # [B, n, D] decoder input embeddings
         hidden: bool = False,
+        dense: bool = False,  # every column of ``valid`` is True, as the caller knows on the host
     ):  # logits [B, logits_to_keep, V], or (logits, last decoder hidden states [B, n, H]) with ``hidden``
-        input_ids, valid = slots.to_physical(input_ids), slots.to_physical(valid, False)  # static: [P, n]
+        physical = slots.to_physical(valid, False)  # static: [P, n]
+        dense = dense and physical is valid  # finished rows in the batch read holes
+        input_ids, valid = slots.to_physical(input_ids), physical
         if inputs_embeds is not None:
             inputs_embeds = slots.to_physical(inputs_embeds)
-        attention_mask, position_ids = slots.extend(valid)  # [B, L + n] (static: [P, capacity]), [B, n]
+        position_ids = slots.extend(valid, dense)  # [B, n]
+        attention_mask = slots.slot_mask.long()  # [B, L + n] (static: [P, capacity])
         tokens = {"decoder_input_ids": input_ids} if inputs_embeds is None else {"decoder_inputs_embeds": inputs_embeds}
         out = self.model(
             encoder_outputs=self.encoder_outputs,

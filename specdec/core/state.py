@@ -73,6 +73,7 @@ class DecodeState:
     generator: torch.Generator | None = None
     model_inputs: dict[str, Any] = attrs.Factory(dict)  # the request's encoder inputs, all rows
     _prepared: tuple | None = attrs.field(default=None, init=False, repr=False)  # (vocab, the processors' stages)
+    _eos: frozenset | None = attrs.field(default=None, init=False, repr=False)  # eos_token_ids on the host
     # The target's encoder output for every row (original order) once the loop has encoded the
     # request; None for decoder-only targets. A drafter that shares the target's encoder reads it.
     encoder_outputs: Any = None
@@ -118,33 +119,40 @@ class DecodeState:
         """Append to each active row the first ``accepted[b] + 1`` tokens of ``appended`` ``[B, K + 1]``
         (its accepted drafts, then the verifier's token), cut after an eos and at the length budget.
 
-        The device buffer is written first; then the iteration's one device sync brings the counts
-        and tokens to the host copies. Returns those host numbers.
+        The iteration's one device sync brings the verdict to the host first; what each row appends
+        is decided there, per row in Python (a handful of integers: cheaper than a dozen tensor ops
+        on a CPU, and no launches on an accelerator), then written to both copies. Returns those
+        host numbers.
         """
-        device = self.device
-        position = torch.arange(appended.shape[1], device=device)[None, :]  # [1, K + 1]
-        count = accepted + 1
-        is_eos = torch.isin(appended, self.eos_token_ids) & (position < count[:, None])
-        count = torch.where(is_eos.any(1), is_eos.long().argmax(1) + 1, count)
-        lengths = self.lengths[self.rows]
-        remaining = self.prompt_width + self.max_new_tokens - lengths
-        count = torch.minimum(count, remaining)
-        finished = (count == remaining) | (is_eos & (position < count[:, None])).any(1)
-        trash = self.sequences.shape[1] - 1
-        write_at = torch.where(position < count[:, None], lengths[:, None] + position, trash)
-        self.sequences[self.rows[:, None], write_at] = appended
-        self.lengths[self.rows] = lengths + count
-
-        synced = torch.cat([torch.stack([accepted, count, finished.long(), drafted], dim=1), appended], dim=1).cpu()
-        accepted_host, count_host, finished_host, drafted_host = synced[:, :4].unbind(1)
+        synced = torch.cat([torch.stack([accepted, drafted], dim=1), appended], dim=1).cpu()  # the sync
+        accepted_host, drafted_host, appended_host = synced[:, 0], synced[:, 1], synced[:, 2:]
         rows_host = self.rows_host
-        position_host = torch.arange(appended.shape[1])[None, :]
-        write_at_host = torch.where(
-            position_host < count_host[:, None], self.lengths_host[rows_host][:, None] + position_host, trash
-        )
-        self.sequences_host[rows_host[:, None], write_at_host] = synced[:, 4:]
-        self.lengths_host[rows_host] += count_host
-        return Committed(accepted_host, count_host, finished_host.bool(), drafted_host)
+        lengths_host = self.lengths_host[rows_host]
+        if self._eos is None:
+            self._eos = frozenset(self.eos_token_ids.tolist())
+        limit, eos = self.prompt_width + self.max_new_tokens, self._eos
+        counts, finished = [], []
+        for kept, row, length in zip(accepted_host.tolist(), appended_host.tolist(), lengths_host.tolist()):
+            count, ended = kept + 1, False
+            for j in range(count):
+                if row[j] in eos:
+                    count, ended = j + 1, True
+                    break
+            if count >= limit - length:
+                count, ended = limit - length, True
+            counts.append(count)
+            finished.append(ended)
+        count_host = torch.tensor(counts, dtype=torch.long)
+        width = appended.shape[1]
+        position_host = torch.arange(width)[None, :]
+        trash = self.sequences.shape[1] - 1  # a column nobody reads takes the tokens not appended
+        write_at_host = torch.where(position_host < count_host[:, None], lengths_host[:, None] + position_host, trash)
+        self.sequences_host[rows_host[:, None], write_at_host] = appended_host
+        self.lengths_host[rows_host] = lengths_host + count_host
+        device = self.device
+        self.sequences[self.rows[:, None], write_at_host.to(device, non_blocking=True)] = appended
+        self.lengths[self.rows] = self.lengths_host[rows_host].to(device, non_blocking=True)
+        return Committed(accepted_host, count_host, torch.tensor(finished), drafted_host)
 
     def retire(self, finished_host: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Finished rows leave the batch: ``(keep, keep_host)``, the active positions that stay
@@ -180,6 +188,14 @@ class DecodeState:
         input_ids = self.sequences[self.rows].gather(1, index)
         valid = inside & self.token_mask[self.rows].gather(1, index)
         return input_ids, valid, index
+
+    def backlog_is_dense(self, fed_host: torch.Tensor, width: int) -> bool:
+        """Whether ``committed_since(fed_host)``'s block of ``width`` columns holds no hole: every row
+        has ``width`` unread tokens and none of them is prompt padding. Host numbers: no sync."""
+        rows = self.rows_host
+        if bool((self.lengths_host[rows] - fed_host != width).any()):
+            return False
+        return bool((fed_host >= self.padding_host[rows]).all())  # the block starts past the prompt's padding
 
     def process(self, scores: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
         """Apply the generation config's logits processors to a block of next-token scores.

@@ -100,6 +100,7 @@ class SpeculativeDecoder:
     _stats: StatsObserver = attrs.field(init=False, repr=False)
     _target: CachedModel = attrs.field(init=False, repr=False)
     _timers: list[PhaseTimes] | None = attrs.field(default=None, init=False, repr=False)
+    _judges_positions: bool = attrs.field(default=True, init=False, repr=False)
 
     def __attrs_post_init__(self):
         self.drafter.check_target(self.target)
@@ -122,6 +123,7 @@ class SpeculativeDecoder:
                 names = ", ".join(impl.plugin_name for impl in answering)
                 raise ConfigError(f"exactly one component must answer {hook} (the {role}); got {len(answering)}: {names}")
         self._hooks = manager.hook
+        self._judges_positions = _judges_positions(manager.hook.specdec_continue_drafting)
         # Phase timers get the loop's marks; without one the loop calls nothing extra.
         timers = [observer for observer in self.observers if isinstance(observer, PhaseTimes)]
         self._timers = timers or None
@@ -279,13 +281,37 @@ class SpeculativeDecoder:
         if timers:
             _mark(timers, "bookkeeping")
 
-    def _keep_drafting(self, state):
-        hook = self._hooks.specdec_continue_drafting
+    def _keep_drafting(self, state) -> KeepDrafting:
+        return KeepDrafting(self._hooks.specdec_continue_drafting, state, self._judges_positions)
 
-        def keep_drafting(position, tokens, token_probs=None, probs=None):
-            return hook(state=state, position=position, tokens=tokens, token_probs=token_probs, probs=probs)
 
-        return keep_drafting
+@attrs.define(eq=False, slots=True)
+class KeepDrafting:
+    """The ``keep_drafting`` a drafter calls after each draft position: asks the
+    ``continue_drafting`` hook which rows go on (None: every row does).
+
+    ``listening`` is False when no component answers it with more than the base policy's None: a
+    drafter may then skip what it would compute only for the question (the draft's probabilities
+    at each position, ``core/drafting.py``)."""
+
+    hook: Any
+    state: DecodeState
+    listening: bool
+
+    def __call__(self, position, tokens, token_probs=None, probs=None):
+        if not self.listening:
+            return None
+        return self.hook(state=self.state, position=position, tokens=tokens, token_probs=token_probs, probs=probs)
+
+
+def _judges_positions(hook) -> bool:
+    """Whether any implementation of ``specdec_continue_drafting`` is more than the base policy's."""
+    for impl in hook.get_hookimpls():
+        plugin = impl.plugin
+        if not (isinstance(plugin, LookaheadPolicy)
+                and type(plugin).continue_drafting is LookaheadPolicy.continue_drafting):
+            return True
+    return False
 
 
 def _mark(timers: list[PhaseTimes], phase: str) -> None:

@@ -162,7 +162,7 @@ class HiddenStateDrafter(Drafter):
     def propose(self, state, max_tokens, keep_drafting) -> Draft:
         if not self._started:  # the target has not read the prompt yet: a plain target step does
             return Draft.empty(state.active, state.device)
-        draft, fed, embed, last = TokenByToken(state, max_tokens), None, self._inputs(state), self._hidden.shape[1] - 1
+        draft, fed, embed, last = TokenByToken(state, max_tokens, keep_drafting), None, self._inputs(state), self._hidden.shape[1] - 1
         while True:
             logits, predicted = self._cached.read(state, fed, embed=embed, hidden=True)  # [B, 1, V'], [B, n, H]
             state.draft_calls += 1
@@ -170,7 +170,7 @@ class HiddenStateDrafter(Drafter):
             self._hidden[state.rows, self._cached.positions[:, -1].clamp(max=last)] = predicted[:, -1]
             full = self._reduced.expand(logits[:, -1:])  # [B, 1, V], -inf outside the map
             token = draft.add(state.process(full, draft.so_far)[:, 0])  # q is zero outside the token map
-            if not draft.more(keep_drafting):
+            if not draft.more():
                 break
             fed = token[:, None]
         return draft.draft()

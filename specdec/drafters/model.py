@@ -136,7 +136,7 @@ class ModelDrafter(Drafter):
 
     @no_grad
     def propose(self, state, max_tokens, keep_drafting) -> Draft:
-        draft = TokenByToken(state, max_tokens)
+        draft = TokenByToken(state, max_tokens, keep_drafting)
         fed = None  # the first read of a round catches up on the committed tokens by itself
         while True:
             logits = self._cached.read(state, fed)[:, -1].float()  # [B, V] (or [B, V'] from a reduced head)
@@ -144,7 +144,7 @@ class ModelDrafter(Drafter):
             if self._reduced is not None:
                 logits = self._reduced.expand(logits)  # [B, V], -inf outside the map: q is zero there
             token = draft.add(state.process(logits[:, None], draft.so_far)[:, 0])  # [B]
-            if not draft.more(keep_drafting):
+            if not draft.more():
                 break
             fed = token[:, None]
         self._drafts_fed = draft.drafted - 1
