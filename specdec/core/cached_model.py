@@ -110,7 +110,9 @@ class CachedModel:
             fed_host = self.fed_host[state.rows_host]
             catch_up, catch_up_valid, catch_up_positions = state.committed_since(fed_host, bucketed=self.slots.static)  # [B, W]
             self._catch_up_columns = catch_up.shape[1]
-            catch_up_dense = not self.slots.static and state.backlog_is_dense(fed_host, catch_up.shape[1])
+            # Worth asking only where it can matter: a block known dense, or a recurrent read of it alone.
+            catch_up_dense = (dense or self.slots.recurrent is not None) and not self.slots.static \
+                and state.backlog_is_dense(fed_host, catch_up.shape[1])
             if self.slots.recurrent is not None and speculative:
                 # Recurrent states read the committed block first, as generate reads the prompt,
                 # then each speculative token with a checkpoint after it.
