@@ -50,7 +50,9 @@ def specdec_propose(state, max_tokens, keep_drafting):
     """The drafter: propose up to ``max_tokens[b]`` tokens per row (CPU LongTensor ``[B]``) and
     return a ``Draft``. A drafter that drafts token by token calls
     ``keep_drafting(position, tokens, token_probs, probs)`` after each one and stops a row when it
-    answers False for it."""
+    answers False for it. ``keep_drafting.listening`` is False when no policy decides per position
+    (it then answers None): a drafter may skip what it computes only for the question
+    (``core/drafting.py``'s ``TokenByToken`` does)."""
 
 
 @hookspec(firstresult=True)
