@@ -262,6 +262,7 @@ def _new_state(target, config, processors, input_ids, mask, real, generator, mod
         prompt_width=width,
         max_new_tokens=config.max_new_tokens,
         eos_token_ids=torch.tensor(eos, dtype=torch.long, device=device),
+        eos_token_set=frozenset(eos),
         pad_token_id=pad,
         rows=torch.arange(batch_size, device=device),
         rows_host=torch.arange(batch_size),
