@@ -292,8 +292,8 @@ class TestAcceptance:
         policy.begin(state, None)
         policy.lookahead(state)  # k = 4 for both rows
         policy.on_step(state, step_of([0, 1], [4, 4], [4, 1]))
-        assert policy._success.tolist() == [4.0, 1.0]
-        assert policy._failure.tolist() == [0.0, 1.0]  # row 0 accepted all it was asked: no failure
+        assert policy._success == [4.0, 1.0]
+        assert policy._failure == [0.0, 1.0]  # row 0 accepted all it was asked: no failure
         alpha = policy.row_alpha(torch.tensor([0, 1]))
         pooled = policy.pooled_alpha()
         assert alpha[0] == pytest.approx((4 + 2 * pooled) / (4 + 2))
@@ -307,7 +307,7 @@ class TestAcceptance:
         policy.begin(state, None)
         policy.lookahead(state)
         policy.on_step(state, step_of([0], [0], [0]))
-        assert policy._failure.tolist() == [1.0]
+        assert policy._failure == [1.0]
 
     def test_a_short_draft_accepted_whole_is_not_a_failure(self):
         """Prompt lookup found 2 tokens to copy where 4 were asked, and both were right."""
@@ -316,8 +316,8 @@ class TestAcceptance:
         policy.begin(state, None)
         policy.lookahead(state)  # k = 4 for both rows
         policy.on_step(state, step_of([0, 1], [2, 3], [2, 1]))
-        assert policy._success.tolist() == [2.0, 1.0]
-        assert policy._failure.tolist() == [0.0, 1.0]  # row 1 had its second token rejected
+        assert policy._success == [2.0, 1.0]
+        assert policy._failure == [0.0, 1.0]  # row 1 had its second token rejected
 
     def test_a_row_that_stopped_drafting_drifts_back_to_the_pooled_estimate(self):
         policy = CostAwareLookahead(clock=lambda: 0.0, probe_rate=0.0)
@@ -477,6 +477,7 @@ def test_the_catch_up_is_charged_to_the_plain_steps():
     policy.plan(state, alpha=torch.tensor([0.99]))
     assert {kk: (fit.weight[kk], fit.mean[kk]) for kk in fit.weight if kk > 0} == drafted_cells  # k took none of it
     assert fit.mean[0] > plain_before + 1.0  # the plain-step cell did
+    assert fit.costs([0])[0] == fit.mean[0]  # and what the policy plans with follows it
 
 
 def test_a_probes_catch_up_is_charged_to_nothing():

@@ -126,6 +126,11 @@ def expected_tokens(alpha: torch.Tensor, k: torch.Tensor | int) -> torch.Tensor:
     return torch.where(near_one, k + 1, value)
 
 
+def _expected_tokens(alpha: float, k: int) -> float:
+    """``expected_tokens`` for one row, in plain floats."""
+    return k + 1.0 if alpha > 1 - 1e-9 else (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
 @attrs.define
 class CostFit:
     """Recency-weighted observations of one batch-size bucket, kept as per-k weighted means:
@@ -136,6 +141,8 @@ class CostFit:
     weight: dict[int, float] = attrs.field(factory=dict)  # k -> sum of decayed weights
     mean: dict[int, float] = attrs.field(factory=dict)  # k -> weighted mean seconds (at load 1)
     load: float = 1.0  # how much slower than the cells every iteration runs now (shared machines)
+    # (floor, (plain, a, b) or None): the fit of the cells as they are, until one changes (``changed``)
+    _fitted: tuple | None = attrs.field(default=None, init=False, repr=False)
 
     def add(self, k: int, seconds: float, decay: float, load_rate: float = 0.0) -> None:
         """Record an iteration of lookahead ``k`` that took ``seconds``.
@@ -156,6 +163,11 @@ class CostFit:
         m = self.mean.get(k, 0.0)
         self.weight[k] = w + 1.0
         self.mean[k] = m + (seconds - m) / (w + 1.0)
+        self.changed()
+
+    def changed(self) -> None:
+        """The cells were written: the next ``costs`` fits them again."""
+        self._fitted = None
 
     def _cells(self, floor: float, speculative_only: bool = False):
         return [(k, self.weight[k], self.mean[k]) for k in self.weight
@@ -185,14 +197,21 @@ class CostFit:
         tokens, the wider verify), so T(0) is the k = 0 cell's own mean when it was observed and
         the line ``a + b k`` is fitted on the k >= 1 cells when two of them were; otherwise one
         line through every cell."""
-        cells = self._cells(floor)
-        everything = self._line(cells)
+        if self._fitted is None or self._fitted[0] != floor:  # the policy asks several times per iteration
+            self._fitted = floor, self._fit(floor)
+        fitted = self._fitted[1]
+        if fitted is None:
+            return None
+        plain, a, b = fitted
+        return {k: plain if k == 0 else a + b * k for k in ks}
+
+    def _fit(self, floor: float) -> tuple[float, float, float] | None:
+        everything = self._line(self._cells(floor))
         if everything is None:
             return None
-        speculative = self._line(self._cells(floor, speculative_only=True)) or everything
+        a, b = self._line(self._cells(floor, speculative_only=True)) or everything
         plain = self.mean[0] if self.weight.get(0, 0.0) > floor else everything[0]
-        a, b = speculative
-        return {k: plain if k == 0 else a + b * k for k in ks}
+        return plain, a, b
 
     def single(self) -> tuple[int, float] | None:
         """The one k observed (weight above zero) and its mean time, when there is exactly one."""
@@ -240,8 +259,10 @@ class CostAwareLookahead(LookaheadPolicy):
     decision: Decision | None = attrs.field(default=None, init=False, repr=False)
     requested: torch.Tensor | None = attrs.field(default=None, init=False, repr=False)  # [B] last asked per row
     _fits: dict[int, CostFit] = attrs.field(factory=dict, init=False, repr=False)
-    _success: torch.Tensor | None = attrs.field(default=None, init=False, repr=False)  # [R] decayed accepted
-    _failure: torch.Tensor | None = attrs.field(default=None, init=False, repr=False)  # [R] decayed rejections
+    # [R] decayed accepted drafts and rejections per request row. Plain floats: the policy runs on the
+    # host every iteration, where a handful of Python numbers cost less than a tensor op each.
+    _success: list[float] | None = attrs.field(default=None, init=False, repr=False)
+    _failure: list[float] | None = attrs.field(default=None, init=False, repr=False)
     _pool: list = attrs.field(factory=lambda: [0.0, 0.0], init=False, repr=False)  # decayed [accepted, rejections]
     _probe_credit: float = attrs.field(default=0.0, init=False, repr=False)
     _probes: int = attrs.field(default=0, init=False, repr=False)
@@ -265,8 +286,9 @@ class CostAwareLookahead(LookaheadPolicy):
         """[B] float64: each row's acceptance, its own counts on a prior of ``prior_strength`` pooled pseudo-counts."""
         pooled = self.pooled_alpha()
         strength = max(self.prior_strength, 1e-6)
-        success, failure = self._success[rows], self._failure[rows]
-        return ((success + strength * pooled) / (success + failure + strength)).clamp(1e-6, 1 - 1e-6)
+        success, failure = self._success, self._failure
+        alpha = [(success[r] + strength * pooled) / (success[r] + failure[r] + strength) for r in rows.tolist()]
+        return torch.tensor(alpha, dtype=torch.float64).clamp(1e-6, 1 - 1e-6)
 
     def cost_model(self, batch: int) -> dict[int, float] | None:
         """k -> predicted seconds of an iteration of ``batch`` rows (k = 0..max_k), from
@@ -290,30 +312,33 @@ class CostAwareLookahead(LookaheadPolicy):
         return costs
 
     def goodput(self, alpha: torch.Tensor, budget: torch.Tensor, costs: dict[int, float]) -> dict[int, float]:
-        """k -> expected committed tokens per second for the batch (all k at once: a few tensor ops).
+        """k -> expected committed tokens per second for the batch.
 
         ``throughput``: the rows' expected tokens per iteration over its time. ``makespan``: the
         batch's remaining tokens over the time to finish them all at this k, where the batch lasts
         as many iterations as its slowest row needs (remaining tokens / expected tokens per
-        iteration). Both agree on a single row."""
-        ks = [0, *range(self.min_k, self.max_k + 1)]
-        k = torch.tensor(ks, dtype=torch.float64)  # [K]
-        budget = budget.to(torch.float64)
-        drafts = torch.minimum(budget[:, None], k[None, :])  # [B, K]
-        width = drafts.amax(0).long() if drafts.shape[0] else torch.zeros(len(ks), dtype=torch.long)  # [K]
-        seconds = torch.tensor([costs[w] for w in range(self.max_k + 1)], dtype=torch.float64)[width]  # [K]
-        tokens = expected_tokens(alpha.to(torch.float64)[:, None], drafts)  # [B, K]
-        if self.objective == "throughput" or not drafts.shape[0]:
-            return dict(zip(ks, (tokens.sum(0) / seconds).tolist()))
-        remaining = budget + 1  # [B] tokens each row may still commit, this iteration's included
-        iterations = (remaining[:, None] / tokens).amax(0)  # [K] >= 1: a row commits at most what remains
-        return dict(zip(ks, (remaining.sum() / (iterations * seconds)).tolist()))
+        iteration). Both agree on a single row. Plain Python over the rows: a few numbers per row
+        and k cost less than the dozen tensor ops a vectorised version runs every iteration."""
+        alphas, budgets = alpha.tolist(), budget.tolist()
+        makespan = self.objective == "makespan" and budgets
+        remaining = [b + 1 for b in budgets]  # tokens each row may still commit, this iteration's included
+        gains = {}
+        for k in (0, *range(self.min_k, self.max_k + 1)):
+            drafts = [min(b, k) for b in budgets]
+            seconds = costs[max(drafts, default=0)]  # every row pays for the widest draft
+            tokens = [_expected_tokens(a, d) for a, d in zip(alphas, drafts)]
+            if makespan:  # the batch lasts as many iterations as its slowest row needs (>= 1)
+                iterations = max(r / t for r, t in zip(remaining, tokens))
+                gains[k] = sum(remaining) / (iterations * seconds)
+            else:
+                gains[k] = sum(tokens) / seconds
+        return gains
 
     # --- the hooks -------------------------------------------------------------------------------
 
     def begin(self, state, target) -> None:
-        self._success = torch.zeros(state.batch_size, dtype=torch.float64)
-        self._failure = torch.zeros(state.batch_size, dtype=torch.float64)
+        self._success = [0.0] * state.batch_size
+        self._failure = [0.0] * state.batch_size
         self._pending = None
         self._row_cuts = 0
         self._drafted = False
@@ -413,6 +438,7 @@ class CostAwareLookahead(LookaheadPolicy):
             # Not clipped at 0: a noisy negative excess cancels a noisy positive one instead of biasing k = 0 up.
             excess = (now - started) / fit.load - costs[width]
             fit.mean[0] = max(fit.mean[0] + excess / run * min(1.0, run / fit.weight[0]), 1e-9)
+            fit.changed()
 
     def on_step(self, state, step) -> None:
         requested = self.requested
@@ -421,22 +447,27 @@ class CostAwareLookahead(LookaheadPolicy):
         # Acceptance, counted against what each row was asked for (truncation-aware). Every row's
         # evidence ages each step, drafting or not, so a row that stopped drafting after a bad
         # patch drifts back to the pooled estimate instead of staying at k = 0 until a probe.
-        self._success[step.rows_host] *= self.alpha_decay
-        self._failure[step.rows_host] *= self.alpha_decay
-        asked = requested > 0
-        if bool(asked.any()):
-            rows = step.rows_host[asked]
-            accepted_count, drafted = step.accepted_host[asked], step.drafted_host[asked]
-            accepted = accepted_count.to(torch.float64)
-            # A draft accepted whole, also one shorter than asked (prompt lookup found only so much
-            # to copy), was not wrong about any token; a row that drafted nothing, or had a token
-            # rejected, failed.
-            rejected = ((drafted == 0) | (accepted_count < drafted)).to(torch.float64)
-            self._success[rows] += accepted
-            self._failure[rows] += rejected
+        decay, success, failure = self.alpha_decay, self._success, self._failure
+        accepted_sum = rejected_sum = 0.0
+        asked_rows = 0
+        for row, asked, drafted, accepted in zip(step.rows_host.tolist(), requested.tolist(),
+                                                 step.drafted_host.tolist(), step.accepted_host.tolist()):
+            success[row] *= decay
+            failure[row] *= decay
+            if asked > 0:
+                # A draft accepted whole, also one shorter than asked (prompt lookup found only so
+                # much to copy), was not wrong about any token; a row that drafted nothing, or had a
+                # token rejected, failed.
+                rejected = 1.0 if drafted == 0 or accepted < drafted else 0.0
+                success[row] += accepted
+                failure[row] += rejected
+                accepted_sum += accepted
+                rejected_sum += rejected
+                asked_rows += 1
+        if asked_rows:
             pool_decay = self.alpha_decay ** (1 / 16)  # the pooled estimate moves slower than a row's
-            self._pool[0] = self._pool[0] * pool_decay + float(accepted.mean())
-            self._pool[1] = self._pool[1] * pool_decay + float(rejected.mean())
+            self._pool[0] = self._pool[0] * pool_decay + accepted_sum / asked_rows
+            self._pool[1] = self._pool[1] * pool_decay + rejected_sum / asked_rows
 
 
 @hookimpl
