@@ -67,12 +67,11 @@ class DecodeState:
     prompt_width: int
     max_new_tokens: int
     eos_token_ids: torch.Tensor  # [E] long
+    eos_token_set: frozenset  # the same ids on the host, for the commit
     pad_token_id: int
     rows: torch.Tensor  # [B] long, original ids of the active rows
     rows_host: torch.Tensor  # [B] long, CPU
     generator: torch.Generator | None = None
-    # eos_token_ids on the host, for the commit (None: read from eos_token_ids once, a sync off the CPU)
-    eos_token_set: frozenset | None = None
     model_inputs: dict[str, Any] = attrs.Factory(dict)  # the request's encoder inputs, all rows
     _prepared: tuple | None = attrs.field(default=None, init=False, repr=False)  # (vocab, the processors' stages)
     # The target's encoder output for every row (original order) once the loop has encoded the
@@ -129,8 +128,6 @@ class DecodeState:
         accepted_host, drafted_host, appended_host = synced[:, 0], synced[:, 1], synced[:, 2:]
         rows_host = self.rows_host
         lengths_host = self.lengths_host[rows_host]
-        if self.eos_token_set is None:
-            self.eos_token_set = frozenset(self.eos_token_ids.tolist())
         limit, eos = self.prompt_width + self.max_new_tokens, self.eos_token_set
         counts, finished = [], []
         for kept, row, length in zip(accepted_host.tolist(), appended_host.tolist(), lengths_host.tolist()):

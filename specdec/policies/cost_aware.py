@@ -126,11 +126,6 @@ def expected_tokens(alpha: torch.Tensor, k: torch.Tensor | int) -> torch.Tensor:
     return torch.where(near_one, k + 1, value)
 
 
-def _expected_tokens(alpha: float, k: int) -> float:
-    """``expected_tokens`` for one row, in plain floats."""
-    return k + 1.0 if alpha > 1 - 1e-9 else (1 - alpha ** (k + 1)) / (1 - alpha)
-
-
 @attrs.define
 class CostFit:
     """Recency-weighted observations of one batch-size bucket, kept as per-k weighted means:
@@ -141,8 +136,6 @@ class CostFit:
     weight: dict[int, float] = attrs.field(factory=dict)  # k -> sum of decayed weights
     mean: dict[int, float] = attrs.field(factory=dict)  # k -> weighted mean seconds (at load 1)
     load: float = 1.0  # how much slower than the cells every iteration runs now (shared machines)
-    # (floor, (plain, a, b) or None): the fit of the cells as they are, until one changes (``changed``)
-    _fitted: tuple | None = attrs.field(default=None, init=False, repr=False)
 
     def add(self, k: int, seconds: float, decay: float, load_rate: float = 0.0) -> None:
         """Record an iteration of lookahead ``k`` that took ``seconds``.
@@ -163,11 +156,6 @@ class CostFit:
         m = self.mean.get(k, 0.0)
         self.weight[k] = w + 1.0
         self.mean[k] = m + (seconds - m) / (w + 1.0)
-        self.changed()
-
-    def changed(self) -> None:
-        """The cells were written: the next ``costs`` fits them again."""
-        self._fitted = None
 
     def _cells(self, floor: float, speculative_only: bool = False):
         return [(k, self.weight[k], self.mean[k]) for k in self.weight
@@ -197,21 +185,14 @@ class CostFit:
         tokens, the wider verify), so T(0) is the k = 0 cell's own mean when it was observed and
         the line ``a + b k`` is fitted on the k >= 1 cells when two of them were; otherwise one
         line through every cell."""
-        if self._fitted is None or self._fitted[0] != floor:  # the policy asks several times per iteration
-            self._fitted = floor, self._fit(floor)
-        fitted = self._fitted[1]
-        if fitted is None:
-            return None
-        plain, a, b = fitted
-        return {k: plain if k == 0 else a + b * k for k in ks}
-
-    def _fit(self, floor: float) -> tuple[float, float, float] | None:
-        everything = self._line(self._cells(floor))
+        cells = self._cells(floor)
+        everything = self._line(cells)
         if everything is None:
             return None
-        a, b = self._line(self._cells(floor, speculative_only=True)) or everything
+        speculative = self._line(self._cells(floor, speculative_only=True)) or everything
         plain = self.mean[0] if self.weight.get(0, 0.0) > floor else everything[0]
-        return plain, a, b
+        a, b = speculative
+        return {k: plain if k == 0 else a + b * k for k in ks}
 
     def single(self) -> tuple[int, float] | None:
         """The one k observed (weight above zero) and its mean time, when there is exactly one."""
@@ -312,27 +293,25 @@ class CostAwareLookahead(LookaheadPolicy):
         return costs
 
     def goodput(self, alpha: torch.Tensor, budget: torch.Tensor, costs: dict[int, float]) -> dict[int, float]:
-        """k -> expected committed tokens per second for the batch.
+        """k -> expected committed tokens per second for the batch (all k at once: a few tensor ops,
+        whatever the batch size; a loop over the rows in Python is faster only up to ~16 rows).
 
         ``throughput``: the rows' expected tokens per iteration over its time. ``makespan``: the
         batch's remaining tokens over the time to finish them all at this k, where the batch lasts
         as many iterations as its slowest row needs (remaining tokens / expected tokens per
-        iteration). Both agree on a single row. Plain Python over the rows: a few numbers per row
-        and k cost less than the dozen tensor ops a vectorised version runs every iteration."""
-        alphas, budgets = alpha.tolist(), budget.tolist()
-        makespan = self.objective == "makespan" and budgets
-        remaining = [b + 1 for b in budgets]  # tokens each row may still commit, this iteration's included
-        gains = {}
-        for k in (0, *range(self.min_k, self.max_k + 1)):
-            drafts = [min(b, k) for b in budgets]
-            seconds = costs[max(drafts, default=0)]  # every row pays for the widest draft
-            tokens = [_expected_tokens(a, d) for a, d in zip(alphas, drafts)]
-            if makespan:  # the batch lasts as many iterations as its slowest row needs (>= 1)
-                iterations = max(r / t for r, t in zip(remaining, tokens))
-                gains[k] = sum(remaining) / (iterations * seconds)
-            else:
-                gains[k] = sum(tokens) / seconds
-        return gains
+        iteration). Both agree on a single row."""
+        ks = [0, *range(self.min_k, self.max_k + 1)]
+        k = torch.tensor(ks, dtype=torch.float64)  # [K]
+        budget = budget.to(torch.float64)
+        drafts = torch.minimum(budget[:, None], k[None, :])  # [B, K]
+        width = drafts.amax(0).long() if drafts.shape[0] else torch.zeros(len(ks), dtype=torch.long)  # [K]
+        seconds = torch.tensor([costs[w] for w in range(self.max_k + 1)], dtype=torch.float64)[width]  # [K]
+        tokens = expected_tokens(alpha.to(torch.float64)[:, None], drafts)  # [B, K]
+        if self.objective == "throughput" or not drafts.shape[0]:
+            return dict(zip(ks, (tokens.sum(0) / seconds).tolist()))
+        remaining = budget + 1  # [B] tokens each row may still commit, this iteration's included
+        iterations = (remaining[:, None] / tokens).amax(0)  # [K] >= 1: a row commits at most what remains
+        return dict(zip(ks, (remaining.sum() / (iterations * seconds)).tolist()))
 
     # --- the hooks -------------------------------------------------------------------------------
 
@@ -438,7 +417,6 @@ class CostAwareLookahead(LookaheadPolicy):
             # Not clipped at 0: a noisy negative excess cancels a noisy positive one instead of biasing k = 0 up.
             excess = (now - started) / fit.load - costs[width]
             fit.mean[0] = max(fit.mean[0] + excess / run * min(1.0, run / fit.weight[0]), 1e-9)
-            fit.changed()
 
     def on_step(self, state, step) -> None:
         requested = self.requested
