@@ -97,3 +97,40 @@ class TestDraftPadding:
                                      verifier=verifier())
         got = decoder.generate(input_ids, attention_mask=mask, max_new_tokens=10)
         assert torch.equal(got.sequences, expected)
+
+
+def _described(processors) -> list:
+    """Each processor's type and its scalar settings (temperature, top_k, top_p, ...)."""
+    return [(type(p).__name__, {k: v for k, v in vars(p).items() if isinstance(v, (bool, int, float))})
+            for p in processors]
+
+
+class TestGenerationDefaults:
+    """Options a user leaves unset resolve as in ``model.generate``: the request's config, then the
+    target's ``generation_config``, then transformers' global defaults (top_k = 50 among them)."""
+
+    @pytest.mark.parametrize("options", [
+        dict(do_sample=True),
+        dict(do_sample=True, temperature=0.7, top_p=0.9),
+        dict(do_sample=True, top_k=0, temperature=1.3),
+        dict(do_sample=False, repetition_penalty=1.2),
+    ], ids=["sampling", "temperature and top-p", "top-k off", "greedy"])
+    @pytest.mark.parametrize("model_default", [None, 7], ids=["no model default", "model top_k 7"])
+    def test_the_processors_are_generates(self, llama, llama_draft, monkeypatch, options, model_default):
+        monkeypatch.setattr(llama.generation_config, "top_k", model_default)
+        input_ids, mask = left_padded_prompts([5, 3])
+        built = []
+        original = llama._get_logits_processor
+
+        def spy(*args, **kwargs):
+            built.append(original(*args, **kwargs))
+            return built[-1]
+
+        monkeypatch.setattr(llama, "_get_logits_processor", spy)
+        llama.generate(input_ids, attention_mask=mask, max_new_tokens=1, **options)
+        decoder = SpeculativeDecoder(target=llama, drafter=ModelDrafter(llama_draft), verifier=RejectionVerifier())
+        state = decoder.prepare(input_ids, mask, 1, **options)
+        assert _described(state.processors) == _described(built[0])
+        if options.get("do_sample") and "top_k" not in options:
+            assert ("TopKLogitsWarper", {"top_k": model_default or 50, "filter_value": -float("inf"),
+                                         "min_tokens_to_keep": 1}) in _described(state.processors)

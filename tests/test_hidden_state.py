@@ -73,8 +73,8 @@ class TestExactness:
 
         out = SpeculativeDecoder(target=target, drafter=Spy(head), verifier=RejectionVerifier()).generate(
             ids, attention_mask=mask, max_new_tokens=16, do_sample=True, generator=torch.Generator().manual_seed(0))
-        assert out.sequences.shape == (2, ids.shape[1] + 16)
-        assert seen and max(seen) == 0.0
+        assert out.stats.drafted >= 4 and len(seen) >= 2  # rows may sample eos early: enough drafts to judge
+        assert max(seen) == 0.0
 
 
 class TestTraining:

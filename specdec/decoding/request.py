@@ -4,8 +4,6 @@ logits processors become one ``DecodeState``. Every mistake a user can make is a
 
 from __future__ import annotations
 
-import copy
-
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel
 
@@ -182,9 +180,12 @@ def _check_encoder_rows(encoder_input, encoder_outputs, model_inputs: dict, batc
 
 
 def _generation_config(target, generation_config, options: dict, max_new_tokens, width: int, longest: int):
-    """The request's generation config: the target's (or the given one), updated with ``options``."""
-    config = copy.deepcopy(generation_config if generation_config is not None else target.generation_config)
+    """The request's generation config, resolved as ``model.generate`` resolves it: the given one (or a
+    blank one), its unset fields filled from the target's ``generation_config`` and then from
+    transformers' global defaults (``top_k = 50`` among them: without it, sampling would draw from
+    another distribution than ``generate``'s), then ``options``."""
     try:
+        config, _ = target._prepare_generation_config(generation_config)
         unused = config.update(**options)
     except ValueError as exc:  # transformers validates the combination, e.g. num_return_sequences without sampling
         raise ConfigError(f"generation options: {exc}") from None
