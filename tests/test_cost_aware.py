@@ -333,6 +333,75 @@ class TestAcceptance:
         assert float(policy.row_alpha(torch.tensor([0]))[0]) == pytest.approx(policy.pooled_alpha(), abs=0.05)
 
 
+class TestAcceptanceByPosition:
+    """The pooled profile of conditional acceptance per draft position, shifted per row."""
+
+    def test_counts_each_position_reached_and_kept(self):
+        policy = CostAwareLookahead(max_k=4, clock=lambda: 0.0)
+        state = fake_state(3)
+        policy.begin(state, None)
+        policy.lookahead(state)  # k = 4 for every row
+        # Row 0 kept all 4; row 1 kept 1 of 3 (rejected at position 2); row 2 drafted nothing.
+        policy.on_step(state, step_of([0, 1, 2], [4, 3, 0], [4, 1, 0]))
+        assert policy._reached.tolist() == pytest.approx([3 / 3, 2 / 3, 1 / 3, 1 / 3])
+        assert policy._kept.tolist() == pytest.approx([2 / 3, 1 / 3, 1 / 3, 1 / 3])
+
+    def test_a_short_draft_accepted_whole_reaches_no_further(self):
+        """Prompt lookup copied 2 of the 4 asked, both right: positions 3 and 4 were never tried."""
+        policy = CostAwareLookahead(max_k=4, clock=lambda: 0.0)
+        state = fake_state(1)
+        policy.begin(state, None)
+        policy.lookahead(state)
+        policy.on_step(state, step_of([0], [2], [2]))
+        assert policy._reached.tolist() == [1.0, 1.0, 0.0, 0.0]
+        assert policy._kept.tolist() == [1.0, 1.0, 0.0, 0.0]
+
+    def test_geometric_before_any_count_or_when_off(self):
+        alpha = torch.tensor([0.3, 0.8, 0.95], dtype=torch.float64)
+        geometric = expected_tokens(alpha[:, None].numpy(), torch.arange(9).numpy())
+        assert CostAwareLookahead().row_tokens(alpha) == pytest.approx(geometric)
+        off = with_profile(CostAwareLookahead(per_position=False), [0.5] + [0.9] * 7)
+        assert off.row_tokens(alpha) == pytest.approx(geometric)
+
+    def test_the_profile_shifted_by_each_rows_alpha(self):
+        profile = [0.5, 0.8, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9]
+        policy = with_profile(CostAwareLookahead(), profile)
+        pooled = policy.pooled_alpha()
+        high, same = policy.position_acceptance([0.9, pooled])
+        assert same == pytest.approx(profile, abs=1e-4)  # a row like the pool follows the profile
+        odds = high / (1 - high)
+        assert odds / (torch.tensor(profile).numpy() / (1 - torch.tensor(profile).numpy())) == pytest.approx(
+            [(0.9 / 0.1) / (pooled / (1 - pooled))] * 8, rel=1e-3)  # the same log-odds shift everywhere
+        tokens = policy.row_tokens([pooled])[0]
+        assert tokens[:3] == pytest.approx([1.0, 1.5, 1.5 + 0.5 * 0.8], abs=1e-3)
+
+    def test_runs_of_accepted_drafts_make_longer_drafts_worth_it(self):
+        """A weak first position, then strong ones: the profile values long drafts above what one
+        alpha for every position does, and the choice is the argmax of tokens per second under it."""
+        profile = [0.5] + [0.9] * 7
+        costs = {0: 10.0, 1: 14.0, 5: 22.0}  # T = 12 + 2k for k >= 1
+        positional = fed(with_profile(CostAwareLookahead(objective="throughput"), profile), 1, costs)
+        geometric = fed(with_profile(CostAwareLookahead(objective="throughput", per_position=False), profile), 1, costs)
+        alpha = torch.tensor([positional.pooled_alpha()], dtype=torch.float64)
+        by_hand = {0: 1 / 10.0}
+        for k in range(1, 9):
+            reach = torch.tensor(profile[:k], dtype=torch.float64).cumprod(0)
+            by_hand[k] = float(1 + reach.sum()) / (12 + 2 * k)
+        chosen = positional.choose(1, alpha, torch.tensor([100]))
+        assert chosen.goodput == pytest.approx(by_hand, rel=1e-3)
+        assert chosen.k == max(by_hand, key=by_hand.get)
+        assert chosen.k > geometric.choose(1, alpha, torch.tensor([100])).k
+
+
+def with_profile(policy: CostAwareLookahead, profile: list[float], drafts: float = 1e6) -> CostAwareLookahead:
+    """``policy`` having counted ``drafts`` drafts per position that kept the given conditional
+    acceptance at each position, and a pooled alpha of 0.7."""
+    policy._reached = torch.full((policy.max_k,), drafts).numpy()
+    policy._kept = (torch.tensor(profile) * drafts).numpy()
+    policy._pool = [0.7 * drafts, 0.3 * drafts]
+    return policy
+
+
 class TestProbing:
     """A share ``probe_rate`` of decisions tries another k, deterministically."""
 
@@ -397,6 +466,7 @@ class TestOptions:
             ({"probe_backoff": 0}, "probe_backoff"),
             ({"max_k": "8"}, "max_k"),
             ({"objective": "fastest"}, "objective"),
+            ({"per_position": "yes"}, "per_position"),
         ],
     )
     def test_invalid_options_name_the_field(self, options, field):

@@ -20,8 +20,16 @@ forward passes and no host syncs of its own:
   lookup found only m tokens to copy); a draft cut at its first rejection, or no draft at all,
   says "accepted successes, one failure". Beta prior from the pooled acceptance of all rows (kept across
   requests), row counts decayed by ``alpha_decay`` per step so a row follows the text it is in.
-* **Choice.** Expected committed tokens for a row drafting m = min(k, its budget):
-  ``(1 - alpha^(m+1)) / (1 - alpha)``. The verify is one padded target forward (every row pays for
+* **Acceptance by position** (``per_position``, on by default). Accepted drafts come in runs: a
+  draft whose first token survived is likelier to survive the next (measured on the bundled pair,
+  ``benchmarks/conditional_acceptance.py``: prompt lookup's conditional acceptance 0.52 at the
+  first position, 0.75-0.94 at the next ones). So the policy also counts, pooled over rows, how
+  many drafts reached each position and how many were accepted there, and a row's acceptance at
+  position j is that profile shifted in log-odds by as much as the row's alpha differs from the
+  pooled one. Without it (or before anything was counted) every position is the row's alpha.
+* **Choice.** Expected committed tokens for a row drafting m = min(k, its budget): 1 plus, for
+  each j <= m, the probability that drafts 1 .. j are all accepted (with one alpha for every
+  position: ``(1 - alpha^(m+1)) / (1 - alpha)``). The verify is one padded target forward (every row pays for
   the widest), and the draft runs batch-wide to the widest row, so a per-row k below the widest
   saves no time and only loses tokens: the policy picks one common k over k in {0} and
   [min_k, max_k]. k = 0 is a plain target step. What it maximises is the ``objective``:
@@ -236,6 +244,7 @@ class CostAwareLookahead(LookaheadPolicy):
     prior_strength: float = attrs.field(default=4.0, validator=_non_negative_number)
     probe_backoff: int = attrs.field(default=8, validator=integer(1))
     objective: str = attrs.field(default="makespan", validator=_objective)
+    per_position: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
     clock: Callable[[], float] = attrs.field(default=time.perf_counter, validator=_callable, repr=False)
 
     decision: Decision | None = attrs.field(default=None, init=False, repr=False)
@@ -246,6 +255,12 @@ class CostAwareLookahead(LookaheadPolicy):
     _success: list[float] | None = attrs.field(default=None, init=False, repr=False)
     _failure: list[float] | None = attrs.field(default=None, init=False, repr=False)
     _pool: list = attrs.field(factory=lambda: [0.0, 0.0], init=False, repr=False)  # decayed [accepted, rejections]
+    # [max_k] decayed drafts (per row and step, pooled like _pool) that reached position j + 1, every
+    # draft before them accepted, and those accepted there: the conditional acceptance profile.
+    _reached: np.ndarray = attrs.field(default=attrs.Factory(lambda self: np.zeros(self.max_k), takes_self=True),
+                                       init=False, repr=False)
+    _kept: np.ndarray = attrs.field(default=attrs.Factory(lambda self: np.zeros(self.max_k), takes_self=True),
+                                    init=False, repr=False)
     _probe_credit: float = attrs.field(default=0.0, init=False, repr=False)
     _probes: int = attrs.field(default=0, init=False, repr=False)
     _backoff: int = attrs.field(default=1, init=False, repr=False)  # probing is this many times rarer now
@@ -271,6 +286,27 @@ class CostAwareLookahead(LookaheadPolicy):
         success, failure = self._success, self._failure
         alpha = [(success[r] + strength * pooled) / (success[r] + failure[r] + strength) for r in rows.tolist()]
         return torch.tensor(alpha, dtype=torch.float64).clamp(1e-6, 1 - 1e-6)
+
+    def position_acceptance(self, alpha) -> np.ndarray:
+        """[B, max_k]: the acceptance of each row's j-th draft, given that the drafts before it were
+        accepted. The pooled per-position profile (each position's own counts on ``prior_strength``
+        pseudo-counts of the pooled alpha), shifted in log-odds by as much as the row's ``alpha``
+        [B] differs from the pooled one. Without ``per_position``, or before any position was
+        counted, every position is the row's alpha: the geometric model."""
+        alpha = np.clip(np.asarray(alpha, dtype=np.float64), 1e-6, 1 - 1e-6)[:, None]  # [B, 1]
+        if not self.per_position or not self._reached.any():
+            return np.broadcast_to(alpha, (alpha.shape[0], self.max_k))
+        pooled = min(max(self.pooled_alpha(), 1e-6), 1 - 1e-6)
+        strength = max(self.prior_strength, 1e-6)
+        profile = np.clip((self._kept + strength * pooled) / (self._reached + strength), 1e-6, 1 - 1e-6)  # [max_k]
+        log_odds = np.log(profile / (1 - profile))[None, :] + np.log(alpha / (1 - alpha)) - math.log(pooled / (1 - pooled))
+        return 1 / (1 + np.exp(-log_odds))
+
+    def row_tokens(self, alpha) -> np.ndarray:
+        """[B, max_k + 1]: the tokens each row is expected to commit when it drafts m = 0 .. max_k:
+        1 + the sum over j <= m of P(drafts 1 .. j all accepted)."""
+        reach = np.cumprod(self.position_acceptance(alpha), axis=1)  # [B, max_k]
+        return np.concatenate([np.ones((reach.shape[0], 1)), 1 + np.cumsum(reach, axis=1)], axis=1)
 
     def cost_model(self, batch: int) -> dict[int, float] | None:
         """k -> predicted seconds of an iteration of ``batch`` rows (k = 0..max_k), from
@@ -307,7 +343,7 @@ class CostAwareLookahead(LookaheadPolicy):
         drafts = np.minimum(budget[:, None], np.asarray(ks, dtype=np.float64)[None, :])  # [B, K]
         width = drafts.max(0).astype(np.int64) if drafts.shape[0] else np.zeros(len(ks), dtype=np.int64)  # [K]
         seconds = np.array([costs[w] for w in range(self.max_k + 1)])[width]  # [K]
-        tokens = expected_tokens(np.asarray(alpha, dtype=np.float64)[:, None], drafts)  # [B, K]
+        tokens = np.take_along_axis(self.row_tokens(alpha), drafts.astype(np.int64), axis=1)  # [B, K]
         if self.objective == "throughput" or not drafts.shape[0]:
             return dict(zip(ks, (tokens.sum(0) / seconds).tolist()))
         remaining = budget + 1  # [B] tokens each row may still commit, this iteration's included
@@ -428,6 +464,7 @@ class CostAwareLookahead(LookaheadPolicy):
         decay, success, failure = self.alpha_decay, self._success, self._failure
         accepted_sum = rejected_sum = 0.0
         asked_rows = 0
+        counted: list[tuple[int, bool]] = []  # (accepted, rejected) of each row asked to draft
         for row, asked, drafted, accepted in zip(step.rows_host.tolist(), requested.tolist(),
                                                  step.drafted_host.tolist(), step.accepted_host.tolist()):
             success[row] *= decay
@@ -442,10 +479,19 @@ class CostAwareLookahead(LookaheadPolicy):
                 accepted_sum += accepted
                 rejected_sum += rejected
                 asked_rows += 1
+                counted.append((accepted, rejected > 0))
         if asked_rows:
             pool_decay = self.alpha_decay ** (1 / 16)  # the pooled estimate moves slower than a row's
             self._pool[0] = self._pool[0] * pool_decay + accepted_sum / asked_rows
             self._pool[1] = self._pool[1] * pool_decay + rejected_sum / asked_rows
+            # Position j + 1 was reached by a row that accepted more than j drafts, or exactly j and
+            # then had one rejected (or drafted nothing); kept by the first kind.
+            accepted, rejected = np.array(counted).T  # [asked_rows] each
+            position = np.arange(self.max_k)
+            kept = (accepted[:, None] > position).sum(0)
+            reached = kept + ((accepted[:, None] == position) & (rejected[:, None] > 0)).sum(0)
+            self._kept = self._kept * pool_decay + kept / asked_rows
+            self._reached = self._reached * pool_decay + reached / asked_rows
 
 
 @hookimpl
