@@ -107,8 +107,8 @@ def contenders(run: str, target, head, heuristic_max: int, only=(), other_head=N
     # Prompt lookup alone as the fallback's first drafter runs it: a long constant k, and cost-aware.
     found["specdec ngram>=2 k=10"] = spec(NGramDrafter(max_ngram=3, min_ngram=2), ConstantLookahead(k=10))
     found["specdec ngram>=2 cost-aware"] = spec(NGramDrafter(max_ngram=3, min_ngram=2), CostAwareLookahead())
-    found["specdec ngram>=2 cost-aware geometric"] = spec(NGramDrafter(max_ngram=3, min_ngram=2),
-                                                          CostAwareLookahead(per_position=False))
+    found["specdec ngram>=2 cost-aware by position"] = spec(NGramDrafter(max_ngram=3, min_ngram=2),
+                                                            CostAwareLookahead(per_position=True))
     ks = (2, 3, 4) if (batch == 1 and not sampled) else (2, 3)
     for k in ks:
         found[f"specdec hidden_state k={k}"] = spec(HiddenStateDrafter(head), ConstantLookahead(k=k))
@@ -124,9 +124,9 @@ def contenders(run: str, target, head, heuristic_max: int, only=(), other_head=N
     found["specdec ngram>=2 else hidden_state cost-aware"] = spec(
         FallbackDrafter(NGramDrafter(max_ngram=3, min_ngram=2), HiddenStateDrafter(head), then_max_tokens=2),
         CostAwareLookahead())
-    found["specdec ngram>=2 else hidden_state cost-aware geometric"] = spec(
+    found["specdec ngram>=2 else hidden_state cost-aware by position"] = spec(
         FallbackDrafter(NGramDrafter(max_ngram=3, min_ngram=2), HiddenStateDrafter(head), then_max_tokens=2),
-        CostAwareLookahead(per_position=False))
+        CostAwareLookahead(per_position=True))
     if other_head is not None:  # another head on the same prompts in the same run (--compare-head)
         found["specdec hidden_state k=2 (compared head)"] = spec(HiddenStateDrafter(other_head), ConstantLookahead(k=2))
         found["specdec hidden_state cost-aware (compared head)"] = spec(HiddenStateDrafter(other_head), CostAwareLookahead())

@@ -365,7 +365,7 @@ class TestAcceptanceByPosition:
 
     def test_the_profile_shifted_by_each_rows_alpha(self):
         profile = [0.5, 0.8, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9]
-        policy = with_profile(CostAwareLookahead(), profile)
+        policy = with_profile(CostAwareLookahead(per_position=True), profile)
         pooled = policy.pooled_alpha()
         high, same = policy.position_acceptance([0.9, pooled])
         assert same == pytest.approx(profile, abs=1e-4)  # a row like the pool follows the profile
@@ -380,7 +380,7 @@ class TestAcceptanceByPosition:
         alpha for every position does, and the choice is the argmax of tokens per second under it."""
         profile = [0.5] + [0.9] * 7
         costs = {0: 10.0, 1: 14.0, 5: 22.0}  # T = 12 + 2k for k >= 1
-        positional = fed(with_profile(CostAwareLookahead(objective="throughput"), profile), 1, costs)
+        positional = fed(with_profile(CostAwareLookahead(objective="throughput", per_position=True), profile), 1, costs)
         geometric = fed(with_profile(CostAwareLookahead(objective="throughput", per_position=False), profile), 1, costs)
         alpha = torch.tensor([positional.pooled_alpha()], dtype=torch.float64)
         by_hand = {0: 1 / 10.0}

@@ -20,13 +20,16 @@ forward passes and no host syncs of its own:
   lookup found only m tokens to copy); a draft cut at its first rejection, or no draft at all,
   says "accepted successes, one failure". Beta prior from the pooled acceptance of all rows (kept across
   requests), row counts decayed by ``alpha_decay`` per step so a row follows the text it is in.
-* **Acceptance by position** (``per_position``, on by default). Accepted drafts come in runs: a
+* **Acceptance by position** (``per_position``, off by default). Accepted drafts come in runs: a
   draft whose first token survived is likelier to survive the next (measured on the bundled pair,
   ``benchmarks/conditional_acceptance.py``: prompt lookup's conditional acceptance 0.52 at the
   first position, 0.75-0.94 at the next ones). So the policy also counts, pooled over rows, how
   many drafts reached each position and how many were accepted there, and a row's acceptance at
   position j is that profile shifted in log-odds by as much as the row's alpha differs from the
   pooled one. Without it (or before anything was counted) every position is the row's alpha.
+  Off by default: it paid on SmolLM2's summaries behind prompt lookup and lost on the bundled
+  pair's n-gram cells, where it drafted longer and at batch sizes where drafting does not pay
+  (``docs/benchmarks.md``, stop 16).
 * **Choice.** Expected committed tokens for a row drafting m = min(k, its budget): 1 plus, for
   each j <= m, the probability that drafts 1 .. j are all accepted (with one alpha for every
   position: ``(1 - alpha^(m+1)) / (1 - alpha)``). The verify is one padded target forward (every row pays for
@@ -244,7 +247,7 @@ class CostAwareLookahead(LookaheadPolicy):
     prior_strength: float = attrs.field(default=4.0, validator=_non_negative_number)
     probe_backoff: int = attrs.field(default=8, validator=integer(1))
     objective: str = attrs.field(default="makespan", validator=_objective)
-    per_position: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+    per_position: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     clock: Callable[[], float] = attrs.field(default=time.perf_counter, validator=_callable, repr=False)
 
     decision: Decision | None = attrs.field(default=None, init=False, repr=False)
