@@ -27,9 +27,9 @@ forward passes and no host syncs of its own:
   many drafts reached each position and how many were accepted there, and a row's acceptance at
   position j is that profile shifted in log-odds by as much as the row's alpha differs from the
   pooled one. Without it (or before anything was counted) every position is the row's alpha.
-  Off by default: it paid on SmolLM2's summaries behind prompt lookup and lost on the bundled
-  pair's n-gram cells, where it drafted longer and at batch sizes where drafting does not pay
-  (``docs/benchmarks.md``, stop 16).
+  Off by default: it paid on SmolLM2's greedy summaries behind prompt lookup, lost on them when
+  sampling, and lost on the bundled pair's n-gram cells, where it drafted longer and at batch sizes
+  where drafting does not pay (``docs/benchmarks.md``, stop 16).
 * **Choice.** Expected committed tokens for a row drafting m = min(k, its budget): 1 plus, for
   each j <= m, the probability that drafts 1 .. j are all accepted (with one alpha for every
   position: ``(1 - alpha^(m+1)) / (1 - alpha)``). The verify is one padded target forward (every row pays for
