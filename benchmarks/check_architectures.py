@@ -434,7 +434,7 @@ def architectures() -> tuple[list[str], list[tuple[str, str]]]:
     for arch in sorted(transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES):
         try:
             config = arch_lib.config_class(arch)()
-        except Exception as exc:  # noqa: BLE001
+        except Exception:  # noqa: BLE001
             kept.append(arch)  # the default config does not build: the sweep reports it as SKIP
             continue
         if config.is_encoder_decoder:

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from specdec import SpeculativeDecoder
-from specdec.bench import forward_cost, solve_alpha
+from specdec.bench import forward_cost
 from specdec.config import SpecdecConfig
 from specdec.observers import PhaseTimes
 

@@ -18,7 +18,7 @@ from specdec.verifiers import RejectionVerifier
 from specdec.whisper import speculative_whisper_generate
 
 from . import architectures
-from .conftest import EOS, Recorder, greedy_reference, left_padded_prompts, perturbed_copy, tiny_model
+from .conftest import Recorder, greedy_reference, left_padded_prompts, perturbed_copy, tiny_model
 from .test_cost_aware import Ticks
 from .test_exactness import eos_mid_row
 from .tiny_whisper import features, tiny_distil_decoder, tiny_whisper

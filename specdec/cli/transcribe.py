@@ -55,8 +55,9 @@ def _transcribe_batch(whisper, processor, audios: list[Audio], long_form: bool, 
                            padding="longest", return_attention_mask=True)
     else:
         inputs = extractor(arrays, sampling_rate=SAMPLE_RATE, return_tensors="pt", return_attention_mask=True)
-    monitor = None
-    if progress is not None:
+    if progress is None:
+        monitor = None
+    else:
         task = progress.add_task(f"{len(audios)} file(s), {sum(a.seconds for a in audios):.0f} s", total=None)
 
         def monitor(seek_and_max):  # [B, 2]: frames done, frames in each audio
