@@ -256,6 +256,16 @@ class TestGenerateOptions:
         assert one["components"]["verifier"]["name"] == "rejection"
         assert one["sampling"] == {"do_sample": True, "temperature": 0.8, "top_p": 0.9} and one["seed"] == 3
 
+    def test_top_k_reaches_the_request(self, pair):
+        """--top-k 1 leaves one token to sample: the text is the greedy one, whatever the seed."""
+        greedy = runner.invoke(app, ["generate", "import os", "-c", str(pair), "-n", "12", "--json"])
+        args = ["generate", "import os", "-c", str(pair), "-n", "12", "--temperature", "1.5", "--top-k", "1", "--json"]
+        sampled = [runner.invoke(app, [*args, "--seed", str(seed)]) for seed in (1, 2)]
+        assert greedy.exit_code == 0 and all(r.exit_code == 0 for r in sampled), sampled[0].output
+        outputs = [json.loads(r.stdout) for r in sampled]
+        assert outputs[0]["sampling"]["top_k"] == 1
+        assert all(o["outputs"] == json.loads(greedy.stdout)["outputs"] for o in outputs)
+
     def test_explicit_verifier(self, pair):
         result = runner.invoke(app, ["generate", "import os", "-c", str(pair), "-n", "6", "--verifier", "rejection"])
         assert result.exit_code == 0, result.output
@@ -268,6 +278,7 @@ class TestGenerateOptions:
             (["-P", "window=2"], "unknown option 'window'; its options are: k"),
             (["-P", "k"], "options are written name=value"),
             (["--top-p", "0.5"], "--top-p needs sampling"),
+            (["--top-k", "5"], "--top-k needs sampling"),
             (["--verifier", "maybe"], "unknown verifier 'maybe'; known verifiers: greedy, rejection"),
         ],
     )

@@ -125,6 +125,7 @@ def generate(
     verifier_options: list[str] = typer.Option([], "--verifier-option", "-V", metavar="NAME=VALUE", help=OPTION_HELP.format(kind="verifier")),
     temperature: Optional[float] = typer.Option(None, "--temperature", "-t", min=0.0, help="Sample at this temperature (0: greedy); picks the rejection verifier unless --verifier is given"),
     top_p: Optional[float] = typer.Option(None, "--top-p", min=0.0, max=1.0, help="Nucleus sampling threshold (needs sampling)"),
+    top_k: Optional[int] = typer.Option(None, "--top-k", min=0, help="Sample among the K most likely tokens (needs sampling; 0: no cut; unset: the model's or transformers' default, 50)"),
     seed: Optional[int] = typer.Option(None, "--seed", help="Seed for sampling, for a reproducible run"),
     trace: Optional[Path] = typer.Option(None, "--trace", help="Write a JSONL trace of every iteration to this file"),
     as_json: bool = typer.Option(False, "--json", help="Print machine-readable JSON (texts, stats, components) instead of text"),
@@ -157,6 +158,10 @@ def generate(
         if not sampling.get("do_sample"):
             raise fail("--top-p needs sampling: add --temperature T (T > 0), or set do_sample = true in [sampling]")
         sampling["top_p"] = top_p
+    if top_k is not None:
+        if not sampling.get("do_sample"):
+            raise fail("--top-k needs sampling: add --temperature T (T > 0), or set do_sample = true in [sampling]")
+        sampling["top_k"] = top_k
 
     try:
         registry = get_registry()
