@@ -140,9 +140,22 @@ class TestBench:
              "--repeats", "1", "--warmup", "0", "--temperature", "0.7", "--top-p", "0.9", "--out", str(out)],
         )
         assert result.exit_code == 0, result.output
-        rows = json.loads(out.read_text())["results"]
+        payload = json.loads(out.read_text())
+        rows = payload["results"]
         assert [r["method"] for r in rows] == ["target alone", "specdec (model, constant)"]
         assert rows[1]["exact"] is None and rows[1]["new_tokens"] > 0
+        assert payload["sampling"] == {"temperature": 0.7, "top_p": 0.9}  # top_k left to generate's default
+
+    def test_bench_top_k(self, pair, tmp_path):
+        out = tmp_path / "bench.json"
+        common = ["bench", "-c", str(pair), "--batch-sizes", "1", "--num-prompts", "1", "--max-new-tokens", "4",
+                  "--repeats", "1", "--warmup", "0", "--no-assisted", "--out", str(out)]
+        result = runner.invoke(app, [*common, "--temperature", "0.7", "--top-k", "5"])
+        assert result.exit_code == 0, result.output
+        assert json.loads(out.read_text())["sampling"] == {"temperature": 0.7, "top_p": 1.0, "top_k": 5}
+        assert "top-k 5" in result.stdout
+        refused = runner.invoke(app, [*common, "--top-k", "5"])
+        assert refused.exit_code == 2 and "--top-k needs sampling" in refused.stderr
 
     def test_static_cache_bench_is_exact(self, pair, tmp_path):
         out = tmp_path / "bench.json"

@@ -35,6 +35,7 @@ def bench(
     assisted: bool = typer.Option(True, help="Also time Transformers' assisted generation"),
     temperature: float = typer.Option(0.0, min=0.0, help="Sample at this temperature (0: greedy) with the rejection verifier"),
     top_p: float = typer.Option(1.0, min=0.0, max=1.0, help="Nucleus sampling threshold when sampling"),
+    top_k: Optional[int] = typer.Option(None, "--top-k", min=0, help="Top-k cut when sampling (0: none; unset: the model's or transformers' default, 50)"),
     out: Optional[Path] = typer.Option(None, "--out", help="Also write the results as JSON to this file"),
     cache: Optional[str] = typer.Option(None, help="specdec's KV caches: 'dynamic' or 'static' (default: the config's [target] cache)"),
     compile_steps: Optional[str] = typer.Option(None, "--compile", help="With --cache static: torch.compile 'draft' or 'all' models' steps"),
@@ -44,6 +45,11 @@ def bench(
     from ..prompts import read_prompts
 
     sizes = _parse_list(batch_sizes, "batch-sizes", int)
+    sampling = None
+    if temperature > 0:
+        sampling = {"temperature": temperature, "top_p": top_p, **({} if top_k is None else {"top_k": top_k})}
+    elif top_k is not None:
+        raise fail("--top-k needs sampling: add --temperature T (T > 0)")
     if any(size < 1 for size in sizes):
         raise fail(f"--batch-sizes must be positive integers, got {batch_sizes!r}")
     spec = load_config(config)
@@ -81,13 +87,14 @@ def bench(
             task = progress.add_task("loading models")
             rows = run_bench(
                 spec, prompts, sizes, methods, max_new_tokens=max_new_tokens, repeats=repeats, warmup=warmup,
-                assisted=assisted, sampling={"temperature": temperature, "top_p": top_p} if temperature > 0 else None,
+                assisted=assisted, sampling=sampling,
                 on_progress=lambda message: progress.update(task, description=message),
             )
     except SpecdecError as exc:
         raise fail(str(exc)) from None
 
-    mode = f"sampled (temperature {temperature}, top-p {top_p})" if temperature > 0 else "greedy"
+    mode = "greedy" if sampling is None else (
+        f"sampled (temperature {temperature}, top-p {top_p}, top-k {'default' if top_k is None else top_k})")
     dtype = str(spec.target.get("dtype", "float32"))
     table = Table(
         title=f"specdec bench · {len(prompts)} prompts · {max_new_tokens} new tokens · {mode} · {dtype} · "
@@ -142,6 +149,7 @@ def bench(
                     "prompts": str(prompts_file),
                     "num_prompts": len(prompts),
                     "max_new_tokens": max_new_tokens,
+                    "sampling": sampling,
                     "repeats": repeats,
                     "interleaved": True,
                     "dtype": dtype,
