@@ -337,7 +337,7 @@ class TestAcceptanceByPosition:
     """The pooled profile of conditional acceptance per draft position, shifted per row."""
 
     def test_counts_each_position_reached_and_kept(self):
-        policy = CostAwareLookahead(max_k=4, clock=lambda: 0.0)
+        policy = CostAwareLookahead(max_k=4, per_position=True, clock=lambda: 0.0)
         state = fake_state(3)
         policy.begin(state, None)
         policy.lookahead(state)  # k = 4 for every row
@@ -348,7 +348,7 @@ class TestAcceptanceByPosition:
 
     def test_a_short_draft_accepted_whole_reaches_no_further(self):
         """Prompt lookup copied 2 of the 4 asked, both right: positions 3 and 4 were never tried."""
-        policy = CostAwareLookahead(max_k=4, clock=lambda: 0.0)
+        policy = CostAwareLookahead(max_k=4, per_position=True, clock=lambda: 0.0)
         state = fake_state(1)
         policy.begin(state, None)
         policy.lookahead(state)

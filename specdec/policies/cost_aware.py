@@ -490,6 +490,8 @@ class CostAwareLookahead(LookaheadPolicy):
             pool_decay = self.alpha_decay ** (1 / 16)  # the pooled estimate moves slower than a row's
             self._pool[0] = self._pool[0] * pool_decay + accepted_sum / asked_rows
             self._pool[1] = self._pool[1] * pool_decay + rejected_sum / asked_rows
+            if not self.per_position:  # counted only for the model that reads it
+                return
             # Position j + 1 was reached by a row that accepted more than j drafts, or exactly j and
             # then had one rejected (or drafted nothing); kept by the first kind.
             accepted, rejected = np.array(counted).T  # [asked_rows] each
