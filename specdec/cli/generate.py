@@ -154,14 +154,11 @@ def generate(
             sampling.update(do_sample=True, temperature=temperature)
             if verifier is None and canonical(spec.verifier.use) == "greedy":
                 verifier = "rejection"  # greedy verification cannot sample
-    if top_p is not None:
-        if not sampling.get("do_sample"):
-            raise fail("--top-p needs sampling: add --temperature T (T > 0), or set do_sample = true in [sampling]")
-        sampling["top_p"] = top_p
-    if top_k is not None:
-        if not sampling.get("do_sample"):
-            raise fail("--top-k needs sampling: add --temperature T (T > 0), or set do_sample = true in [sampling]")
-        sampling["top_k"] = top_k
+    for flag, key, value in (("--top-p", "top_p", top_p), ("--top-k", "top_k", top_k)):
+        if value is not None:
+            if not sampling.get("do_sample"):
+                raise fail(f"{flag} needs sampling: add --temperature T (T > 0), or set do_sample = true in [sampling]")
+            sampling[key] = value
 
     try:
         registry = get_registry()

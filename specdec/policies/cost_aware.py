@@ -468,9 +468,7 @@ class CostAwareLookahead(LookaheadPolicy):
         # evidence ages each step, drafting or not, so a row that stopped drafting after a bad
         # patch drifts back to the pooled estimate instead of staying at k = 0 until a probe.
         decay, success, failure = self.alpha_decay, self._success, self._failure
-        accepted_sum = rejected_sum = 0.0
-        asked_rows = 0
-        counted: list[tuple[int, bool]] = []  # (accepted, rejected) of each row asked to draft
+        counted: list[tuple[int, float]] = []  # (accepted, rejected) of each row asked to draft
         for row, asked, drafted, accepted in zip(step.rows_host.tolist(), requested.tolist(),
                                                  step.drafted_host.tolist(), step.accepted_host.tolist()):
             success[row] *= decay
@@ -482,24 +480,23 @@ class CostAwareLookahead(LookaheadPolicy):
                 rejected = 1.0 if drafted == 0 or accepted < drafted else 0.0
                 success[row] += accepted
                 failure[row] += rejected
-                accepted_sum += accepted
-                rejected_sum += rejected
-                asked_rows += 1
-                counted.append((accepted, rejected > 0))
-        if asked_rows:
-            pool_decay = self.alpha_decay ** (1 / 16)  # the pooled estimate moves slower than a row's
-            self._pool[0] = self._pool[0] * pool_decay + accepted_sum / asked_rows
-            self._pool[1] = self._pool[1] * pool_decay + rejected_sum / asked_rows
-            if not self.per_position:  # counted only for the model that reads it
-                return
-            # Position j + 1 was reached by a row that accepted more than j drafts, or exactly j and
-            # then had one rejected (or drafted nothing); kept by the first kind.
-            accepted, rejected = np.array(counted).T  # [asked_rows] each
-            position = np.arange(self.max_k)
-            kept = (accepted[:, None] > position).sum(0)
-            reached = kept + ((accepted[:, None] == position) & (rejected[:, None] > 0)).sum(0)
-            self._kept = self._kept * pool_decay + kept / asked_rows
-            self._reached = self._reached * pool_decay + reached / asked_rows
+                counted.append((accepted, rejected))
+        if not counted:
+            return
+        asked_rows = len(counted)
+        pool_decay = self.alpha_decay ** (1 / 16)  # the pooled estimate moves slower than a row's
+        self._pool[0] = self._pool[0] * pool_decay + sum(a for a, _ in counted) / asked_rows
+        self._pool[1] = self._pool[1] * pool_decay + sum(r for _, r in counted) / asked_rows
+        if not self.per_position:  # positions are counted only for the model that reads them
+            return
+        # Position j + 1 was reached by a row that accepted more than j drafts, or exactly j and
+        # then had one rejected (or drafted nothing); kept by the first kind.
+        accepted, rejected = np.array(counted).T  # [asked_rows] each
+        position = np.arange(self.max_k)
+        kept = (accepted[:, None] > position).sum(0)
+        reached = kept + ((accepted[:, None] == position) & (rejected[:, None] > 0)).sum(0)
+        self._kept = self._kept * pool_decay + kept / asked_rows
+        self._reached = self._reached * pool_decay + reached / asked_rows
 
 
 @hookimpl
