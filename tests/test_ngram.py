@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from specdec import SpeculativeDecoder
 from specdec.drafters import ModelDrafter, NGramDrafter
@@ -62,6 +64,53 @@ class TestLookup:
         tokens, width = propose(decoder, rows, [2, 2, 2], max_ngram=2)
         assert tokens == [[2, 3], [], [8, 7]]
         assert width == 2  # as wide as the longest proposal
+
+
+def lookup_by_hand(row: list[int], wanted: int, max_ngram: int, min_ngram: int) -> list[int]:
+    """Prompt lookup spelled out: the longest suffix (n from max_ngram down) that occurs earlier with
+    a token after it; the tokens after its latest such occurrence."""
+    for n in range(max_ngram, min_ngram - 1, -1):
+        if len(row) < n + 1:
+            continue
+        suffix = row[-n:]
+        starts = [s for s in range(len(row) - n) if row[s : s + n] == suffix]
+        if starts:
+            follow = starts[-1] + n
+            return row[follow : follow + wanted]
+    return []
+
+
+# Token ids whose 8-byte little-endian forms overlap: 256 is bytes 00 01 00.., 1 is 01 00 ..;
+# a byte search can match across token boundaries, which the lookup must never report.
+token_ids = st.sampled_from([1, 2, 256, 257, 512, 65536, 65537, 16777216])
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows=st.lists(st.lists(token_ids, min_size=1, max_size=14), min_size=1, max_size=3),
+       wanted=st.integers(0, 5), max_ngram=st.integers(1, 4), data=st.data())
+def test_lookup_matches_the_spelled_out_search(rows, wanted, max_ngram, data):
+    min_ngram = data.draw(st.integers(1, max_ngram))
+    state = state_for_ids(rows)
+    draft = NGramDrafter(max_ngram=max_ngram, min_ngram=min_ngram).propose(state, torch.full((len(rows),), wanted), None)
+    got = [t[:n] for t, n in zip(draft.tokens.tolist(), draft.lengths.tolist())]
+    assert got == [lookup_by_hand(row, wanted, max_ngram, min_ngram) for row in rows]
+    assert draft.width == max((len(g) for g in got), default=0)
+
+
+def state_for_ids(rows: list[list[int]]):
+    """``state_for`` without a model's vocabulary: the lookup reads only the host buffers."""
+    from specdec.core.state import DecodeState
+
+    width = max(len(r) for r in rows)
+    buffer = torch.tensor([[PAD] * (width - len(r)) + r + [PAD] for r in rows])
+    lengths = torch.full((len(rows),), width)
+    return DecodeState(
+        generation_config=None, processors=[], sequences=buffer.clone(), token_mask=buffer != PAD,
+        lengths=lengths.clone(), lengths_host=lengths, sequences_host=buffer,
+        padding_host=torch.tensor([width - len(r) for r in rows]), prompt_width=width, max_new_tokens=0,
+        eos_token_ids=torch.tensor([]), eos_token_set=frozenset(), pad_token_id=PAD,
+        rows=torch.arange(len(rows)), rows_host=torch.arange(len(rows)),
+    )
 
 
 class MirrorCheck(Observer):

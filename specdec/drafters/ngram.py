@@ -42,43 +42,44 @@ class NGramDrafter(Drafter):
     def propose(self, state, max_tokens, keep_drafting) -> Draft:
         # The lookup runs on the host copy of the committed tokens, as vLLM's n-gram proposer does:
         # it costs no device sync, and the draft is exactly as wide as the longest proposal, so the
-        # target never verifies padding when nothing (or little) matched.
-        rows_host = state.rows_host
-        sequences = state.sequences_host[rows_host]  # [B, T]
-        lengths = state.lengths_host[rows_host]  # [B]
-        batch, total = sequences.shape
-        positions = torch.arange(total)
-        real = (positions[None, :] >= state.padding_host[rows_host][:, None]) & (positions[None, :] < lengths[:, None])
-        found = torch.zeros(batch, dtype=torch.bool)
-        follow = torch.zeros(batch, dtype=torch.long)  # where the proposal starts
-        for n in range(self.max_ngram, self.min_ngram - 1, -1):
-            if total < n + 1:
-                continue
-            suffix_index = (lengths[:, None] - n + torch.arange(n)[None, :]).clamp(min=0)
-            suffix = sequences.gather(1, suffix_index)  # [B, n]
-            suffix_real = real.gather(1, suffix_index).all(1) & (lengths >= n)
-            windows = sequences.unfold(1, n, 1)  # [B, S, n]: window s covers s .. s+n-1
-            starts = positions[: windows.shape[1]]
-            match = (windows == suffix[:, None, :]).all(-1) & real.unfold(1, n, 1).all(-1)  # [B, S]
-            # Not the suffix itself: the match must be followed by at least one committed token.
-            match &= starts[None, :] + n < lengths[:, None]
-            match &= suffix_real[:, None]
-            latest = torch.where(match, starts[None, :], -1).amax(1)  # [B], -1 if none
-            hit = (latest >= 0) & ~found
-            follow = torch.where(hit, latest + n, follow)
-            found |= hit
-        available = (lengths - follow).clamp(min=0)
-        draft_lengths = torch.where(found, torch.minimum(max_tokens, available), 0)  # [B]
-        width = int(draft_lengths.max())
-        index = (follow[:, None] + torch.arange(width)[None, :]).clamp(max=total - 1)
-        tokens = sequences.gather(1, index)  # [B, K]
+        # target never verifies padding when nothing (or little) matched. Each row is searched as
+        # bytes (``bytes.rfind``, C speed): a few microseconds a row, where the same search as
+        # tensor ops over the whole buffer took 30 small ops, 75-150 us an iteration in the loop.
+        sequences = state.sequences_host.numpy()  # [R, T + 1] int64, shares the tensor's memory
+        width = sequences.itemsize
+        drafts = []
+        for row, start, length, wanted in zip(state.rows_host.tolist(), state.padding_host[state.rows_host].tolist(),
+                                              state.lengths_host[state.rows_host].tolist(), max_tokens.tolist()):
+            text = sequences[row, start:length].tobytes()  # the row's real tokens
+            follow = self._follow(text, width)
+            drafts.append([] if follow is None else sequences[row, start + follow : min(start + follow + wanted, length)].tolist())
+        lengths = torch.tensor([len(d) for d in drafts], dtype=torch.long)
+        longest = max((len(d) for d in drafts), default=0)
+        tokens = torch.tensor([d + [0] * (longest - len(d)) for d in drafts], dtype=torch.long).reshape(len(drafts), longest)
         device = state.device
         return Draft(
             tokens=tokens.to(device, non_blocking=True),
-            lengths=draft_lengths.to(device, non_blocking=True),
-            token_probs=torch.ones(batch, width, dtype=torch.float32, device=device),
-            lengths_host=draft_lengths,
+            lengths=lengths.to(device, non_blocking=True),
+            token_probs=torch.ones(len(drafts), longest, dtype=torch.float32, device=device),
+            lengths_host=lengths,
         )
+
+    def _follow(self, text: bytes, width: int) -> int | None:
+        """Where the proposal starts in ``text`` (a row's tokens, ``width`` bytes each): after the
+        latest earlier occurrence of its last n tokens, n from ``max_ngram`` down, that some
+        committed token follows; None when no suffix recurs."""
+        count = len(text) // width
+        for n in range(self.max_ngram, self.min_ngram - 1, -1):
+            if count < n + 1:
+                continue
+            suffix = text[(count - n) * width :]
+            # The occurrence must end before the last token (a token follows it), on a token boundary.
+            found = text.rfind(suffix, 0, (count - 1) * width)
+            while found > 0 and found % width:
+                found = text.rfind(suffix, 0, found + len(suffix) - 1)
+            if found >= 0:
+                return found // width + n
+        return None
 
 
 @hookimpl

@@ -122,6 +122,14 @@ def _objective(instance, attribute, value):
         raise ValueError(f"objective must be one of {', '.join(map(repr, OBJECTIVES))}, got {value!r}")
 
 
+def _clip(p: float) -> float:
+    return min(max(p, 1e-6), 1 - 1e-6)
+
+
+def _logit(p: float) -> float:
+    return math.log(p / (1 - p))
+
+
 def _callable(instance, attribute, value):
     if not callable(value):
         raise ValueError(f"{attribute.name} must be a callable returning seconds, got {value!r}")
@@ -284,32 +292,58 @@ class CostAwareLookahead(LookaheadPolicy):
 
     def row_alpha(self, rows: torch.Tensor) -> torch.Tensor:
         """[B] float64: each row's acceptance, its own counts on a prior of ``prior_strength`` pooled pseudo-counts."""
+        return torch.tensor(self._row_alphas(rows.tolist()), dtype=torch.float64)
+
+    def _row_alphas(self, rows: list[int]) -> list[float]:
         pooled = self.pooled_alpha()
         strength = max(self.prior_strength, 1e-6)
         success, failure = self._success, self._failure
-        alpha = [(success[r] + strength * pooled) / (success[r] + failure[r] + strength) for r in rows.tolist()]
-        return torch.tensor(alpha, dtype=torch.float64).clamp(1e-6, 1 - 1e-6)
+        return [_clip((success[r] + strength * pooled) / (success[r] + failure[r] + strength)) for r in rows]
+
+    def _position_shift(self) -> list[float] | None:
+        """Per draft position, the log-odds of the pooled conditional acceptance there less those of
+        the pooled alpha (each position's own counts on ``prior_strength`` pseudo-counts of the
+        pooled alpha); None without ``per_position`` or before any position was counted: then
+        every position is the row's alpha, the geometric model."""
+        if not self.per_position or not self._reached.any():
+            return None
+        pooled = _clip(self.pooled_alpha())
+        strength = max(self.prior_strength, 1e-6)
+        return [_logit(_clip((kept + strength * pooled) / (reached + strength))) - _logit(pooled)
+                for kept, reached in zip(self._kept.tolist(), self._reached.tolist())]
+
+    def _tokens_by_depth(self, alpha: float, depth: int, shift: list[float] | None) -> list[float]:
+        """The tokens a row of acceptance ``alpha`` is expected to commit when it drafts m = 0 ..
+        ``depth``: 1 + the sum over j <= m of P(drafts 1 .. j all accepted). Python floats: the
+        policy runs on the host between two forwards, where a handful of float operations per
+        row cost less than numpy's or torch's calls (measured in the loop: 15 against 96 us at
+        batch 1, 48 against 179 us at batch 16)."""
+        alpha = _clip(alpha)
+        tokens, reach, total = [1.0], 1.0, 1.0
+        row = None if shift is None else _logit(alpha)
+        for j in range(depth):
+            reach *= alpha if shift is None else 1 / (1 + math.exp(-(shift[j] + row)))
+            total += reach
+            tokens.append(total)
+        return tokens
 
     def position_acceptance(self, alpha) -> np.ndarray:
         """[B, max_k]: the acceptance of each row's j-th draft, given that the drafts before it were
-        accepted. The pooled per-position profile (each position's own counts on ``prior_strength``
-        pseudo-counts of the pooled alpha), shifted in log-odds by as much as the row's ``alpha``
-        [B] differs from the pooled one. Without ``per_position``, or before any position was
-        counted, every position is the row's alpha: the geometric model."""
-        alpha = np.clip(np.asarray(alpha, dtype=np.float64), 1e-6, 1 - 1e-6)[:, None]  # [B, 1]
-        if not self.per_position or not self._reached.any():
-            return np.broadcast_to(alpha, (alpha.shape[0], self.max_k))
-        pooled = min(max(self.pooled_alpha(), 1e-6), 1 - 1e-6)
-        strength = max(self.prior_strength, 1e-6)
-        profile = np.clip((self._kept + strength * pooled) / (self._reached + strength), 1e-6, 1 - 1e-6)  # [max_k]
-        log_odds = np.log(profile / (1 - profile))[None, :] + np.log(alpha / (1 - alpha)) - math.log(pooled / (1 - pooled))
-        return 1 / (1 + np.exp(-log_odds))
+        accepted. The pooled per-position profile shifted in log-odds by as much as the row's
+        ``alpha`` [B] differs from the pooled one; without ``per_position``, or before any position
+        was counted, every position is the row's alpha: the geometric model."""
+        shift = self._position_shift()
+        alphas = [_clip(float(a)) for a in alpha]
+        if shift is None:
+            return np.array([[a] * self.max_k for a in alphas]).reshape(len(alphas), self.max_k)
+        return np.array([[1 / (1 + math.exp(-(s + _logit(a)))) for s in shift] for a in alphas]).reshape(
+            len(alphas), self.max_k)
 
     def row_tokens(self, alpha) -> np.ndarray:
-        """[B, max_k + 1]: the tokens each row is expected to commit when it drafts m = 0 .. max_k:
-        1 + the sum over j <= m of P(drafts 1 .. j all accepted)."""
-        reach = np.cumprod(self.position_acceptance(alpha), axis=1)  # [B, max_k]
-        return np.concatenate([np.ones((reach.shape[0], 1)), 1 + np.cumsum(reach, axis=1)], axis=1)
+        """[B, max_k + 1]: the tokens each row is expected to commit when it drafts m = 0 .. max_k."""
+        shift = self._position_shift()
+        rows = [self._tokens_by_depth(float(a), self.max_k, shift) for a in alpha]
+        return np.array(rows).reshape(len(rows), self.max_k + 1)
 
     def cost_model(self, batch: int) -> dict[int, float] | None:
         """k -> predicted seconds of an iteration of ``batch`` rows (k = 0..max_k), from
@@ -333,28 +367,30 @@ class CostAwareLookahead(LookaheadPolicy):
         return costs
 
     def goodput(self, alpha, budget, costs: dict[int, float]) -> dict[int, float]:
-        """k -> expected committed tokens per second for the batch (all k at once, in numpy: the
-        policy runs on the host every iteration, where a numpy op costs a few times less than a
-        tensor op; 15-40 us from 1 to 256 rows against 50-95 us in torch).
+        """k -> expected committed tokens per second for the batch. ``alpha`` and ``budget`` are [B]
+        sequences (lists, tensors): each row's acceptance and the drafts it may still make.
 
         ``throughput``: the rows' expected tokens per iteration over its time. ``makespan``: the
         batch's remaining tokens over the time to finish them all at this k, where the batch lasts
         as many iterations as its slowest row needs (remaining tokens / expected tokens per
         iteration). Both agree on a single row."""
-        ks = [0, *range(self.min_k, self.max_k + 1)]
-        budget = np.asarray(budget, dtype=np.float64)  # [B]
-        drafts = np.minimum(budget[:, None], np.asarray(ks, dtype=np.float64)[None, :])  # [B, K]
-        width = drafts.max(0).astype(np.int64) if drafts.shape[0] else np.zeros(len(ks), dtype=np.int64)  # [K]
-        seconds = np.array([costs[w] for w in range(self.max_k + 1)])[width]  # [K]
-        if self.per_position and self._reached.any():
-            tokens = np.take_along_axis(self.row_tokens(alpha), drafts.astype(np.int64), axis=1)  # [B, K]
-        else:  # one alpha for every position: the closed form, a third cheaper than the profile's sums
-            tokens = expected_tokens(np.asarray(alpha, dtype=np.float64)[:, None], drafts)  # [B, K]
-        if self.objective == "throughput" or not drafts.shape[0]:
-            return dict(zip(ks, (tokens.sum(0) / seconds).tolist()))
-        remaining = budget + 1  # [B] tokens each row may still commit, this iteration's included
-        iterations = (remaining[:, None] / tokens).max(0)  # [K] >= 1: a row commits at most what remains
-        return dict(zip(ks, (remaining.sum() / (iterations * seconds)).tolist()))
+        alphas = alpha.tolist() if hasattr(alpha, "tolist") else list(alpha)
+        budgets = [int(b) for b in (budget.tolist() if hasattr(budget, "tolist") else budget)]
+        shift = self._position_shift()
+        by_depth = [self._tokens_by_depth(a, min(b, self.max_k), shift) for a, b in zip(alphas, budgets)]
+        widest = max(budgets, default=0)
+        makespan = self.objective == "makespan" and by_depth
+        remaining = sum(budgets) + len(budgets)  # tokens the rows may still commit, this iteration's included
+        gains = {}
+        for k in [0, *range(self.min_k, self.max_k + 1)]:
+            seconds = costs[min(k, widest)]  # the verify and the draft run to the widest row
+            tokens = [row[min(k, len(row) - 1)] for row in by_depth]
+            if makespan:  # a row commits at most what remains: at least one iteration
+                iterations = max((b + 1) / t for b, t in zip(budgets, tokens))
+                gains[k] = remaining / (iterations * seconds)
+            else:
+                gains[k] = sum(tokens) / seconds
+        return gains
 
     # --- the hooks -------------------------------------------------------------------------------
 
@@ -368,8 +404,9 @@ class CostAwareLookahead(LookaheadPolicy):
         self._probe_next = None
         self.requested = None
 
-    def choose(self, batch: int, alpha: torch.Tensor, budget: torch.Tensor) -> Decision:
-        """The k for this iteration; ``budget`` [B] is how many drafts each row may still make."""
+    def choose(self, batch: int, alpha, budget) -> Decision:
+        """The k for this iteration; ``alpha`` [B] is each row's acceptance and ``budget`` [B] how many
+        drafts it may still make (lists or tensors)."""
         fit = self._fits.get(bucket_of(batch))
         single = fit.single() if fit is not None else None  # one k seen here: no fit of its own yet
         costs = self.cost_model(batch)
@@ -417,14 +454,14 @@ class CostAwareLookahead(LookaheadPolicy):
             # whatever k was: with an encoder's cross-attention, a large one): not a cost of k.
             self._row_cuts, self._pending = state.row_cuts, None
         self._record(state.iteration, now)  # the previous iteration ends here
-        rows = state.rows_host
-        batch = rows.shape[0]
-        budget = (state.remaining_host() - 1).clamp(min=0)  # [B] drafts each row may still make
-        self.decision = self.choose(batch, self.row_alpha(rows) if alpha is None else alpha, budget)
+        rows = state.rows_host.tolist()
+        batch = len(rows)
+        budget = [max(left - 1, 0) for left in state.remaining_host().tolist()]  # drafts each row may still make
+        self.decision = self.choose(batch, self._row_alphas(rows) if alpha is None else alpha, budget)
         k = self.decision.k
-        requested = budget.clamp(max=k)  # [B]
-        self.requested = requested
-        width = int(requested.max()) if batch else 0
+        requested = [min(b, k) for b in budget]
+        self.requested = torch.tensor(requested, dtype=torch.long)
+        width = max(requested, default=0)
         self._pending = (state.iteration, batch, width, now, self._drafted, self.decision.probing)
         self._drafted = width > 0
         return torch.full((batch,), k, dtype=torch.long)
