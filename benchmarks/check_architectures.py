@@ -281,8 +281,8 @@ def check_architecture(arch: str, quick: bool = False) -> dict:
     for name, ids, mask in cases:
         try:
             with torch.no_grad():
-                ref = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW_TOKENS,
-                                      output_logits=own_logits, return_dict_in_generate=own_logits)
+                ref = arch_lib.reference_generate(target, ids, mask, max_new_tokens=NEW_TOKENS,
+                                                  output_logits=own_logits, return_dict_in_generate=own_logits)
                 if own_logits:
                     generated[name] = torch.stack(ref.logits, dim=1)  # [B, new tokens, V]
                     ref = ref.sequences

@@ -156,14 +156,16 @@ def step_cost(model, batch: int, context: int = 256, repeats: int = 20) -> float
     """Seconds of one single-token forward with ``context`` tokens cached (synchronised)."""
     from transformers import DynamicCache
 
+    from specdec.core.models import cache_argument
+
     ids = torch.randint(3, args.vocab, (batch, context), device=device)
     cache = DynamicCache()
-    model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    model(input_ids=ids, use_cache=True, logits_to_keep=1, **{cache_argument(model): cache})
     times = []
     for _ in range(repeats):
         sync()
         start = time.perf_counter()
-        model(input_ids=ids[:, -1:], past_key_values=cache, use_cache=True, logits_to_keep=1)
+        model(input_ids=ids[:, -1:], use_cache=True, logits_to_keep=1, **{cache_argument(model): cache})
         sync()
         times.append(time.perf_counter() - start)
         cache.crop(-1)

@@ -29,6 +29,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from specdec import SpeculativeDecoder  # noqa: E402
 from specdec.core.components import Observer  # noqa: E402
+from specdec.core.models import cache_argument  # noqa: E402
 from specdec.drafters import FallbackDrafter, HiddenStateDrafter, HiddenStateHead, NGramDrafter  # noqa: E402
 from specdec.policies import ConstantLookahead, CostAwareLookahead, HeuristicLookahead  # noqa: E402
 from specdec.verifiers import GreedyVerifier, RejectionVerifier  # noqa: E402
@@ -277,10 +278,10 @@ def step_costs(target, head, context: int = 200, reps: int = 20) -> dict:
         times = []
         for _ in range(reps // 4 + 3):
             cache = DynamicCache(config=target.config)
-            target(input_ids=ids, past_key_values=cache, use_cache=True)
+            target(input_ids=ids, use_cache=True, **{cache_argument(target): cache})
             step = torch.randint(100, 10000, (1, width))
             started = time.perf_counter()
-            target(input_ids=step, past_key_values=cache, use_cache=True)
+            target(input_ids=step, use_cache=True, **{cache_argument(target): cache})
             times.append(time.perf_counter() - started)
         out[f"target_{width}_ms"] = 1000 * statistics.median(times)
     hidden = head.config.hidden_size

@@ -18,21 +18,23 @@ from pathlib import Path
 
 import torch
 
+from specdec.core.models import cache_argument, returned_cache
+
 
 def step_latency(model, ctx: torch.Tensor, reps: int, warmup: int) -> list[float]:
-    """Time model(next_token, past_key_values=cache of len(ctx)) with a fresh copy of the cache each time."""
+    """Time model(next_token, cache of len(ctx)) with a fresh copy of the cache each time."""
     times = []
     with torch.no_grad():
         out = model(input_ids=ctx, use_cache=True)
         tok = out.logits[:, -1:].argmax(-1)
-        base = out.past_key_values
+        base = returned_cache(out)
         for i in range(warmup + reps):
             # grow the cache by one token per step, then crop back so every
             # timed step sees the same context length
             t0 = time.perf_counter()
-            out = model(input_ids=tok, past_key_values=base, use_cache=True)
+            out = model(input_ids=tok, use_cache=True, **{cache_argument(model): base})
             dt = time.perf_counter() - t0
-            base = out.past_key_values
+            base = returned_cache(out)
             base.crop(ctx.shape[1] - base.get_seq_length())  # transformers 5: negative = tokens to drop
             if i >= warmup:
                 times.append(dt)

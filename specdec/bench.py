@@ -40,6 +40,7 @@ import torch
 from transformers import DynamicCache
 
 from .config import SpecdecConfig
+from .core.models import cache_argument
 from .core.types import token_id_list
 from .decoding import SpeculativeDecoder
 
@@ -113,12 +114,12 @@ def block_cost(model, batch_size: int, context: int, width: int, repeats: int = 
     verify of ``width - 1`` drafts), the logits of all of them kept."""
     ids = torch.randint(3, model.config.vocab_size, (batch_size, context + width), device=model.device)
     cache = DynamicCache()
-    model(input_ids=ids[:, :context], past_key_values=cache, use_cache=True, logits_to_keep=1)
+    model(input_ids=ids[:, :context], use_cache=True, logits_to_keep=1, **{cache_argument(model): cache})
     block = ids[:, context:]
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        model(input_ids=block, past_key_values=cache, use_cache=True, logits_to_keep=width)
+        model(input_ids=block, use_cache=True, logits_to_keep=width, **{cache_argument(model): cache})
         times.append(time.perf_counter() - start)
         cache.crop(-width)
     return statistics.median(times)

@@ -51,6 +51,20 @@ FAMILIES: dict[str, str] = {
     "sparse_indexed": "deepseek_v32",  # MLA with a sparse-attention indexer key cache (DSA)
 }
 
+# generate's keyword arguments where its defaults do not compute the model's own output. From
+# transformers 5.24 generate hands XLM a cache under the name ``cache``, which XLM's forward (whose
+# ``cache`` argument predates the rename) uses to cut its input to the tokens after the cached ones:
+# the token before the appended mask token is never read, and left-padded rows score NaN. Without a
+# cache XLM reads the whole sequence, as every transformers before 5.24 did.
+GENERATE_KWARGS: dict[str, dict] = {"xlm": {"use_cache": False}}
+
+
+def reference_generate(model, ids, mask, **kwargs):
+    """``model.generate`` greedy, as the reference the tests and the sweep compare specdec with."""
+    kwargs = {**GENERATE_KWARGS.get(model.config.model_type, {}), **kwargs}
+    return model.generate(ids, attention_mask=mask, do_sample=False, **kwargs)
+
+
 # Attribute name -> tiny value, applied wherever a config has the attribute.
 SIZES: dict[str, int] = {
     # widths

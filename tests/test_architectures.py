@@ -22,7 +22,7 @@ from specdec.drafters import ModelDrafter, NGramDrafter
 from specdec.errors import RereadWarning
 from specdec.policies import ConstantLookahead, HeuristicLookahead
 
-from .architectures import FAMILIES, VOCAB, ragged_batch, tiny_family_model, tiny_model
+from .architectures import FAMILIES, VOCAB, ragged_batch, reference_generate, tiny_family_model, tiny_model
 
 NEW_TOKENS = 24
 
@@ -56,7 +56,7 @@ def _reference(family: str, case: str) -> torch.Tensor:
     target = tiny_family_model(family)
     ids, mask = _inputs(case)
     with torch.no_grad():
-        return target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW_TOKENS)
+        return reference_generate(target, ids, mask, max_new_tokens=NEW_TOKENS)
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -119,11 +119,11 @@ def test_where_generate_disagrees_with_itself_the_request_is_refused(arch):
     target, draft = tiny_model(arch), tiny_model(arch, draft=True)
     ids, mask = ragged_batch()
     with torch.no_grad():
-        batch = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW_TOKENS)
+        batch = reference_generate(target, ids, mask, max_new_tokens=NEW_TOKENS)
         alone = []
         for r in range(3):
             row_ids, row_mask = _row_alone(r)
-            alone.append(target.generate(row_ids, attention_mask=row_mask, do_sample=False, max_new_tokens=NEW_TOKENS))
+            alone.append(reference_generate(target, row_ids, row_mask, max_new_tokens=NEW_TOKENS))
     assert any(not torch.equal(batch[r, -NEW_TOKENS:], alone[r][0, -NEW_TOKENS:]) for r in range(3))
     decoder = SpeculativeDecoder(target=target, drafter=ModelDrafter(draft), policy=ConstantLookahead(k=4))
     with pytest.raises(InputError, match=f"\\({arch}\\) cannot be decoded exactly by specdec {GENERATE_DISAGREES[arch]}"):
@@ -174,8 +174,8 @@ def test_the_scores_are_generates_own_logits(family):
     target = tiny_family_model(family)
     ids, mask = _inputs("batch3")
     with torch.no_grad():
-        reference = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW_TOKENS,
-                                    output_logits=True, return_dict_in_generate=True)
+        reference = reference_generate(target, ids, mask, max_new_tokens=NEW_TOKENS,
+                                       output_logits=True, return_dict_in_generate=True)
     decoder = SpeculativeDecoder(target=target, drafter=ModelDrafter(tiny_family_model(family, draft=True)),
                                  policy=ConstantLookahead(k=4), verifier=Recording())
     out = decoder.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS)
@@ -219,7 +219,7 @@ def test_finished_rows_free_their_caches():
     eos = int(_reference("local", "batch3")[0, ids.shape[1] + 3])  # row 0 ends early on its 4th new token
     out = decoder.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, eos_token_id=eos)
     with torch.no_grad():
-        expected = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW_TOKENS, eos_token_id=eos)
+        expected = reference_generate(target, ids, mask, max_new_tokens=NEW_TOKENS, eos_token_id=eos)
     assert torch.equal(out.sequences, expected)
     runner = decoder._target.runner
     assert set(runner._caches) <= {1, 2}  # row 0 finished first and freed its cache

@@ -8,6 +8,7 @@ than tokens (an encoder-decoder runner encodes here, once per request).
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import warnings
 from pathlib import Path
@@ -40,6 +41,8 @@ REREAD_ARCHITECTURES = {
     "roformer": _POSITIONS_FROM_CACHE,
     "trocr": _POSITIONS_FROM_CACHE,
     "openai-gpt": "it has no KV cache",
+    # From transformers 5.24 generate hands it a cache it misuses (tests/architectures.py, GENERATE_KWARGS):
+    # specdec computes what generate(use_cache=False) does, the model's own output.
     "xlm": "it keeps no cache in generate and reads each next token from a mask token appended to the sequence",
     "rwkv": "it keeps its recurrent state in a state tuple outside transformers' cache classes",
     "recurrent_gemma": "it keeps its recurrent and attention states inside its layers, not in a transformers Cache",
@@ -107,6 +110,31 @@ def reread_reason(model: PreTrainedModel) -> str | None:
 
 def _accepts(model: PreTrainedModel, argument: str) -> bool:
     return argument in inspect.signature(model.forward).parameters
+
+
+# transformers 5.24 renamed the cache argument and output field to ``cache``; before it they were
+# ``past_key_values`` (``cache_params`` for Mamba-style models). Passing the old name to 5.24 still
+# works but logs a deprecation warning, and detecting the old name alone sends no cache at all.
+_CACHE_NAMES = ("cache", "past_key_values", "cache_params")
+
+
+def cache_argument(model) -> str:
+    """The keyword ``model``'s forward takes its cache under (see ``_CACHE_NAMES``)."""
+    return next((name for name in _CACHE_NAMES if _accepts(model, name)), "past_key_values")
+
+
+def returned_cache(output: ModelOutput):
+    """The cache a forward returned, under whichever name this transformers gives it."""
+    for name in _CACHE_NAMES:
+        if name in output:  # a ModelOutput's keys are its non-None fields
+            return output[name]
+    return None
+
+
+def with_cache(output_class: type[ModelOutput], cache, **fields) -> ModelOutput:
+    """``output_class(**fields)`` with ``cache`` under the field name this transformers declares."""
+    declared = {field.name for field in dataclasses.fields(output_class)}
+    return output_class(**fields, **{next(name for name in _CACHE_NAMES if name in declared): cache})
 
 
 def vocab_size(model: PreTrainedModel) -> int:
@@ -209,8 +237,7 @@ class CausalLMRunner:
         self.encoder_outputs: ModelOutput | None = None
         self.layout = AttentionLayout.of(model)
         self.layout.check(model)
-        # Mamba-style models take their cache as cache_params.
-        self._cache_argument = "past_key_values" if _accepts(model, "past_key_values") else "cache_params"
+        self._cache_argument = cache_argument(model)
 
     @property
     def device(self) -> torch.device:
@@ -475,7 +502,7 @@ class RereadingRunner:
     def _step(self, input_ids, attention_mask, cache, new: int | None):
         """generate's forward of the ``new`` last tokens over ``cache`` (None: the prompt, all of them)."""
         first = new is None
-        kwargs = {"attention_mask": attention_mask, "use_cache": True, "past_key_values": cache}
+        kwargs = {"attention_mask": attention_mask, "use_cache": True, cache_argument(self.model): cache}
         if self._positions:
             kwargs["position_ids"] = (attention_mask.cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)
         # generate's decoding steps ask for the new tokens only (a model that needs more, as CPM-Ant
@@ -519,6 +546,7 @@ class Seq2SeqRunner:
                 "verify a ragged batch of drafts against an encoder-decoder target"
             )
         self.model = model
+        self._cache_argument = cache_argument(model)
         self.encoder_outputs: ModelOutput | None = None
         self._encoder_mask: torch.Tensor | None = None  # [B, S] or None
 
@@ -591,9 +619,9 @@ class Seq2SeqRunner:
             attention_mask=self._encoder_mask,
             decoder_attention_mask=attention_mask,
             decoder_position_ids=position_ids,
-            past_key_values=slots.cache,
             use_cache=True,
             output_hidden_states=hidden,
+            **{self._cache_argument: slots.cache},
             **tokens,
         )
         logits = slots.to_active(out.logits[:, -logits_to_keep:])

@@ -20,7 +20,7 @@ from ..errors import ConfigError, InputError
 _LOOP_CRITERIA = (MaxLengthCriteria, EosTokenCriteria)
 # What ``model.generate`` hands over besides the encoder output and masks: the loop makes its own
 # cache, and derives the position ids transformers derives from the attention mask.
-_IGNORED_MODEL_KWARGS = {"past_key_values", "use_cache", "logits_to_keep", "cache_position", "return_dict", "position_ids"}
+_IGNORED_MODEL_KWARGS = {"cache", "past_key_values", "cache_params", "use_cache", "logits_to_keep", "cache_position", "return_dict", "position_ids"}
 _RETURNED_ONLY_AS_IDS = ("output_scores", "output_logits", "output_attentions", "output_hidden_states")
 
 

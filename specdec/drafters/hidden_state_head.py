@@ -56,12 +56,15 @@ class HiddenStateHead(torch.nn.Module):
                 use_cache=None, output_hidden_states=None, logits_to_keep: int = 0, **kwargs):
         from transformers.modeling_outputs import CausalLMOutputWithPast
 
+        from ..core.models import cache_argument, returned_cache, with_cache
+
         out = self.decoder(inputs_embeds=self.fc(inputs_embeds), attention_mask=attention_mask,
-                           position_ids=position_ids, past_key_values=past_key_values, use_cache=use_cache)
+                           position_ids=position_ids, use_cache=use_cache,
+                           **{cache_argument(self.decoder): kwargs.pop("cache", past_key_values)})
         predicted = out.last_hidden_state  # [B, n, H]
         kept = predicted[:, -logits_to_keep:] if logits_to_keep else predicted
-        return CausalLMOutputWithPast(logits=self.readout(kept), past_key_values=out.past_key_values,
-                                      hidden_states=(predicted,))
+        return with_cache(CausalLMOutputWithPast, returned_cache(out), logits=self.readout(kept),
+                          hidden_states=(predicted,))
 
     # --- files ---------------------------------------------------------------------------------
 

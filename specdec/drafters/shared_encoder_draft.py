@@ -24,6 +24,7 @@ import torch
 from transformers import WhisperConfig, WhisperForCausalLM
 from transformers.modeling_outputs import BaseModelOutput, CausalLMOutputWithCrossAttentions
 
+from ..core.models import cache_argument, returned_cache, with_cache
 from ..core.reduced_vocab import TokenMap
 from ..errors import ConfigError, IncompatibleModelsError
 
@@ -41,12 +42,14 @@ class WhisperDraftDecoder(WhisperForCausalLM):
                 inputs_embeds=None, use_cache=None, logits_to_keep: int = 0, **kwargs):
         if isinstance(encoder_outputs, (BaseModelOutput, tuple, list)):
             encoder_outputs = encoder_outputs[0]
+        # generate's own loop passes the cache as ``cache`` from transformers 5.24 on
+        kwargs[cache_argument(self.model.decoder)] = kwargs.pop("cache", past_key_values)
         out = self.model.decoder(input_ids=input_ids, attention_mask=attention_mask, encoder_hidden_states=encoder_outputs,
-                                 past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache, **kwargs)
+                                 inputs_embeds=inputs_embeds, use_cache=use_cache, **kwargs)
         hidden = out.last_hidden_state  # [B, n, D]
         kept = hidden[:, -logits_to_keep:] if logits_to_keep else hidden
-        return CausalLMOutputWithCrossAttentions(logits=self.proj_out(kept), past_key_values=out.past_key_values,
-                                                 hidden_states=out.hidden_states)
+        return with_cache(CausalLMOutputWithCrossAttentions, returned_cache(out), logits=self.proj_out(kept),
+                          hidden_states=out.hidden_states)
 
 
 def _target_decoder(target, who: str):
