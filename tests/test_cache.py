@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers import DynamicCache
 
 from specdec.core.models import CausalLMRunner
 
@@ -259,3 +260,36 @@ def test_a_block_known_to_be_dense_extends_the_cache_as_a_scanned_one():
     assert not known.holes and known.n_valid.tolist() == [6, 6]
     known.drop_tail(2, keep_columns=torch.tensor([1, 2]), shared=1)  # row 0 drops one: a hole
     assert known.holes and known.n_valid.tolist() == [5, 6]
+
+
+class TestCacheName:
+    """transformers 5.24 renamed the cache argument and output field (``past_key_values`` and
+    Mamba's ``cache_params`` became ``cache``): specdec speaks whichever a model declares, on either
+    version of transformers, so these use stand-ins of each kind rather than the installed models."""
+
+    @pytest.mark.parametrize("name", ["cache", "past_key_values", "cache_params"])
+    def test_the_argument_the_forward_declares(self, name):
+        from specdec.core.models import cache_argument
+
+        namespace = {}
+        exec(f"def forward(self, input_ids=None, {name}=None, use_cache=None, **kwargs): pass", namespace)
+        model = type(f"Takes_{name}", (torch.nn.Module,), {"forward": namespace["forward"]})()
+        assert cache_argument(model) == name
+
+    @pytest.mark.parametrize("output_class", ["CausalLMOutputWithPast", "CausalLMOutputWithCrossAttentions"])
+    def test_outputs_are_built_and_read_under_the_declared_field(self, output_class):
+        """The installed transformers' own output classes (a stand-in declaring ``past_key_values``
+        cannot be built on 5.24, whose ModelOutput renames the field as the class is made)."""
+        import dataclasses
+
+        from transformers import modeling_outputs
+
+        from specdec.core.models import returned_cache, with_cache
+
+        output_class = getattr(modeling_outputs, output_class)
+        declared = {field.name for field in dataclasses.fields(output_class)} & {"cache", "past_key_values"}
+        cache = DynamicCache()
+        out = with_cache(output_class, cache, logits=torch.zeros(1))
+        assert [getattr(out, name) for name in declared] == [cache]
+        assert returned_cache(out) is cache
+        assert returned_cache(output_class(logits=torch.zeros(1))) is None
