@@ -88,6 +88,99 @@ TASKS = [
 ]
 
 
+# General-knowledge prompts the model answers itself: what users of a chat model ask about that installed
+# text does not cover. Topics are disjoint from the held-out benchmark prompts' (no bicycles, weather or
+# climate, refrigerators, dictionaries, kites, keys, coffee, teapots, bees, cholera, remote work, reefs).
+THINGS = [
+    "a rainbow", "an earthquake", "a volcano", "a black hole", "the immune system", "an eclipse", "a tsunami",
+    "the stock market", "a credit score", "compound interest", "a democracy", "the Renaissance", "the Roman Empire",
+    "the Industrial Revolution", "the printing press", "evolution", "an atom", "electricity", "magnetism",
+    "a solar panel", "nuclear energy", "a comet", "the solar system", "a galaxy", "the speed of light",
+    "sound waves", "the human heart", "the brain", "sleep", "a virus", "bacteria", "antibiotics", "a calorie",
+    "protein", "metabolism", "a food chain", "an ecosystem", "erosion", "the tides", "the seasons", "a desert",
+    "a rainforest", "glaciers", "plate tectonics", "the ozone layer", "recycling", "composting", "a budget",
+    "taxes", "a mortgage", "cryptocurrency", "a blockchain", "cloud computing", "encryption", "a password manager",
+    "a firewall", "an operating system", "a database", "a spreadsheet", "a search engine", "social media",
+    "artificial intelligence", "a robot", "a 3D printer", "GPS", "Wi-Fi", "Bluetooth", "a transistor",
+    "a microchip", "the periodic table", "acids and bases", "friction", "inertia", "momentum", "energy",
+    "a lever", "a pulley", "democracy in ancient Athens", "the Olympic Games", "a symphony orchestra",
+    "jazz music", "impressionist painting", "a sonnet", "a novel", "mythology", "a museum", "a library",
+    "meditation", "mindfulness", "exercise", "a balanced diet", "stress", "procrastination", "time management",
+    "a job interview", "a resume", "public speaking", "negotiation", "teamwork", "leadership", "critical thinking",
+    "the scientific method", "a hypothesis", "statistics", "probability", "a prime number", "fractions",
+    "percentages", "algebra", "geometry", "calculus", "a spreadsheet formula", "a sorting algorithm", "a loop in programming",
+    "a variable in programming", "a function in programming", "an exception in Python", "a Python list comprehension",
+    "a REST API", "HTML", "CSS", "JavaScript", "SQL", "unit testing", "debugging", "open-source software",
+]
+HOW = [
+    "a microwave oven heats food", "airplanes stay in the air", "a rocket reaches space", "the heart pumps blood",
+    "plants grow from seeds", "the moon affects the tides", "a camera takes a picture", "a touchscreen works",
+    "a light bulb makes light", "a compass finds north", "soap cleans your hands", "bread rises", "a thermostat works",
+    "an electric car works", "a wind turbine makes electricity", "email gets delivered", "a web page loads",
+    "a credit card payment works", "a vaccine trains the immune system", "the eye sees colours", "we hear sounds",
+    "a submarine dives and surfaces", "a hot air balloon flies", "an elevator works", "a lock and key work",
+    "a washing machine cleans clothes", "a river forms a canyon", "a bridge holds its weight",
+    "a search engine ranks pages", "a hash function works", "a compiler turns code into a program", "garbage collection works in Python",
+    "a neural network learns", "noise-cancelling headphones work", "a solar eclipse happens", "birds migrate",
+    "muscles grow stronger", "the body fights a cold", "a battery stores energy",
+    "a mobile phone makes a call", "a satellite stays in orbit", "a QR code stores information", "a barcode scanner works",
+]
+DIFFERENCES = [
+    ("a virus", "bacteria"), ("speed", "velocity"), ("a list", "a set in Python"), ("RAM", "storage"),
+    ("an alligator", "a crocodile"), ("a meteor", "a meteorite"), ("a republic", "a monarchy"),
+    ("an acid", "a base"), ("mass", "weight"), ("a simile", "a metaphor"),
+    ("stocks", "bonds"), ("a compiler", "an interpreter"), ("HTTP", "HTTPS"), ("a frog", "a toad"),
+    ("a fruit", "a vegetable"), ("a lake", "a pond"), ("a novel", "a short story"), ("an ocean", "a sea"),
+    ("a class", "an object in programming"), ("a planet", "a star"), ("machine learning", "deep learning"),
+    ("a loan", "a grant"), ("empathy", "sympathy"), ("a theory", "a law in science"), ("Git", "GitHub"),
+]
+EXPLAIN_GENERAL = ["Explain {x} in simple terms.", "What is {x}?", "Can you explain {x}?", "Tell me about {x}.",
+                   "Explain {x} to a ten-year-old.", "Give me a short explanation of {x}."]
+HOW_GENERAL = ["Explain how {x}.", "Can you explain how {x}?", "Describe how {x}."]
+DIFFERENCE_GENERAL = ["What is the difference between {a} and {b}?", "How is {a} different from {b}?"]
+STORY_TOPICS = [
+    "a fox who wants to fly", "a snowman in summer", "an astronaut who misses home", "a lonely robot",
+    "a magic paintbrush", "a boy and his dog", "a haunted house", "a king who loses his crown", "a mermaid",
+    "a lighthouse in a storm", "an old clock", "a secret door", "a penguin on holiday", "a shy dragon",
+    "a grandmother's recipe", "a message in a bottle", "the last tree on Earth", "a school for wizards",
+    "a sunflower", "a mouse in a museum", "a clever crow", "the northern lights", "a desert island",
+    "a train that never stops", "a forgotten toy", "a baker who bakes dreams", "a whale song", "a candle",
+    "a street musician", "a paper boat", "a river", "an owl at midnight", "a violin", "a busy market",
+    "the first day of spring", "a fisherman", "a kingdom under the sea", "a broken robot", "a firefly",
+    "a winter night", "a lost glove", "a superhero who is afraid of heights", "an empty playground",
+    "a letter from the future", "a mountain climber", "a sleepy bear", "a garden gnome", "a hot summer day",
+    "a city of cats", "the wind", "a birthday party", "a tiny planet", "an apple tree",
+]
+CREATIVE_GENERAL = ["Write a short poem about {topic}.", "Write a short story about {topic}.",
+                    "Write a haiku about {topic}.", "Write a limerick about {topic}.",
+                    "Write a funny short story about {topic}.", "Describe {topic} in a vivid paragraph.",
+                    "Write the opening of a fairy tale about {topic}."]
+TASKS_GENERAL = [
+    "returns the sum of the digits of a number", "checks whether a year is a leap year", "converts a number to binary",
+    "returns the second largest number in a list", "capitalises the first letter of every word",
+    "finds the greatest common divisor of two numbers", "checks whether a list is sorted", "rotates a list by k positions",
+    "returns all even numbers in a list", "counts the words in a sentence", "reverses the words in a sentence",
+    "computes the average word length of a text", "finds the longest word in a sentence", "converts minutes to hours and minutes",
+    "returns the n-th prime number", "checks whether a number is a perfect square", "computes the power set of a list",
+    "transposes a matrix", "adds two matrices", "finds the intersection of two lists", "groups words by their first letter",
+    "computes compound interest", "validates an email address with a regular expression", "removes punctuation from a string",
+    "chunks a list into pieces of size n", "computes the median of a list", "checks whether brackets are balanced",
+    "converts a Roman numeral to an integer", "computes the distance between two points", "finds missing numbers in a range",
+    "simulates rolling two dice", "returns the Collatz sequence of a number", "shuffles a list without using random.shuffle",
+    "counts the lines in a text file", "writes a list of numbers to a text file, one per line", "sums the numbers in a nested list",
+]
+CLASSES_GENERAL = [
+    "a bank account with deposit and withdraw methods", "a queue with enqueue and dequeue methods",
+    "a rectangle with area and perimeter methods", "a to-do list", "a simple counter", "a temperature converter",
+    "a student with a list of grades and an average method", "a library that lends books", "a deck of playing cards",
+    "a shopping cart that totals its items", "a timer that measures elapsed time", "a point in two dimensions",
+]
+CODE_GENERAL = ["Write a Python function that {task}.", "Can you write a Python function that {task}?"]
+CLASS_TEMPLATES = ["Write a Python class for {x}.", "Implement {x} as a Python class."]
+# The benchmark's own phrasings ("in two sentences", "Give me a short summary") are left out on purpose.
+SUMMARY_TEMPLATES = SUMMARISE + ["Please summarise the text below.\n\n{text}", "Summarize this in one sentence:\n\n{text}",
+                                 "What are the main points of this text?\n\n{text}"]
+
 def _heldout_prompts() -> set[str]:
     if not HELDOUT.is_file():
         return set()
@@ -189,6 +282,49 @@ def self_prompts(rng: random.Random, count: int, heldout: set[str]) -> list[dict
     return pool[:count]
 
 
+def general_prompts(rng: random.Random, count: int, heldout: set[str]) -> list[dict]:
+    """``count`` general-knowledge prompts (explain, creative, code), the kinds taken in turn."""
+    explain = ([t.format(x=x) for t in EXPLAIN_GENERAL for x in THINGS] + [t.format(x=x) for t in HOW_GENERAL for x in HOW]
+               + [t.format(a=a, b=b) for t in DIFFERENCE_GENERAL for a, b in DIFFERENCES])
+    creative = [t.format(topic=x) for t in CREATIVE_GENERAL for x in STORY_TOPICS]
+    code = [t.format(task=x) for t in CODE_GENERAL for x in TASKS_GENERAL] + [t.format(x=x) for t in CLASS_TEMPLATES for x in CLASSES_GENERAL]
+    queues = []
+    for kind, prompts in (("explain", explain), ("creative", creative), ("code", code)):
+        prompts = [p for p in prompts if p not in heldout]
+        rng.shuffle(prompts)
+        queues.append([{"kind": kind, "prompt": p} for p in prompts])
+    picked = []
+    while len(picked) < count and any(queues):
+        for queue in queues:
+            if queue and len(picked) < count:
+                picked.append(queue.pop(0))
+    return picked
+
+
+def _passage(answer: str, words: int = 160) -> str | None:
+    """The whole sentences of ``answer`` within about ``words`` words, as prose (no lists or code)."""
+    if "```" in answer or len(answer.split()) < 50:
+        return None
+    text = re.sub(r"\s+", " ", re.sub(r"^\s*([-*#]|\d+\.)\s*", "", answer, flags=re.M)).strip()
+    kept, total = [], 0
+    for sentence in re.split(r"(?<=[.!?])\s+", text):
+        total += len(sentence.split())
+        if total > words:
+            break
+        kept.append(sentence)
+    passage = " ".join(kept)
+    return passage if len(passage.split()) >= 40 else None
+
+
+def summary_prompts(rng: random.Random, answers: list[dict], count: int) -> list[dict]:
+    """Summaries of the model's own explanations: ``count`` prompts that ask to summarise one of ``answers``
+    (a chat model is asked to summarise prose it did not write; these passages are the prose at hand
+    that is not technical documentation)."""
+    passages = [p for p in (_passage(a["answer"]) for a in answers if a["kind"] == "explain") if p]
+    rng.shuffle(passages)
+    return [{"kind": "summarise", "prompt": rng.choice(SUMMARY_TEMPLATES).format(text=p)} for p in passages[:count]]
+
+
 def corpus_prompts(pairs: list[dict], count: int) -> list[dict]:
     """``count`` prompts of the installed-text pairs, the kinds taken in turn, for the model to answer.
 
@@ -244,14 +380,15 @@ def generate_answers(target_path: str, prompts: list[dict], max_new_tokens: int,
                 with store.open("a", encoding="utf-8") as handle:
                     handle.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
             elapsed = time.perf_counter() - started
-            print(f"self answers: {len(done)}/{len(prompts)} ({elapsed:.0f}s, {made / elapsed:.0f} tok/s)",
+            answered = sum(p["prompt"] in done for p in prompts)
+            print(f"self answers: {answered}/{len(prompts)} ({elapsed:.0f}s, {made / elapsed:.0f} tok/s)",
                   file=sys.stderr)
     return [done[p["prompt"]] for p in prompts]
 
 
 def build(target_path: str, out: Path, seed: int = 0, self_count: int = 96, self_tokens: int = 96,
           max_pairs: int = 6000, batch_size: int = 16, threads: int = 1, self_corpus: int = 0,
-          self_store: Path | None = None) -> dict:
+          self_store: Path | None = None, self_general: int = 0, self_summaries: int = 0) -> dict:
     from transformers import AutoTokenizer
 
     rng = random.Random(seed)
@@ -261,8 +398,14 @@ def build(target_path: str, out: Path, seed: int = 0, self_count: int = 96, self
     rng.shuffle(pairs)
     pairs = pairs[:max_pairs]
     wanted = self_prompts(rng, self_count, heldout) + corpus_prompts(pairs, self_corpus)
-    if wanted:  # first, so that a token budget (``specdec drafter train --max-tokens``) keeps them
-        pairs = generate_answers(target_path, wanted, self_tokens, batch_size, threads, self_store) + pairs
+    general = general_prompts(random.Random(seed + 1), self_general, heldout)  # its own stream: the rest stays as before
+    if wanted or general:  # first, so that a token budget (``specdec drafter train --max-tokens``) keeps them
+        answers = generate_answers(target_path, general + wanted, self_tokens, batch_size, threads, self_store)
+        summaries = summary_prompts(random.Random(seed + 2), answers[: len(general)], self_summaries)
+        if summaries:
+            answers[len(general) : len(general)] = generate_answers(target_path, summaries, self_tokens, batch_size,
+                                                                    threads, self_store)
+        pairs = answers + pairs
     tokenizer = AutoTokenizer.from_pretrained(target_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     counts: dict[str, int] = {}
@@ -289,13 +432,18 @@ def main() -> None:
     parser.add_argument("--self-tokens", type=int, default=96, help="tokens per self answer")
     parser.add_argument("--self-corpus", type=int, default=0,
                         help="prompts of the installed-text pairs the model also answers itself (kinds in turn)")
+    parser.add_argument("--self-general", type=int, default=0,
+                        help="general-knowledge prompts (explain, creative, code) the model answers itself")
+    parser.add_argument("--self-summaries", type=int, default=0,
+                        help="prompts to summarise the model's own general explanations, which it then answers")
     parser.add_argument("--self-store", type=Path, default=None,
                         help="JSON Lines file of self answers: reused, and appended to as batches finish")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     counts = build(args.target, args.out, args.seed, args.self_prompts, args.self_tokens, args.max_pairs,
-                   args.batch_size, args.threads, args.self_corpus, args.self_store)
+                   args.batch_size, args.threads, args.self_corpus, args.self_store, args.self_general,
+                   args.self_summaries)
     print(json.dumps({"out": str(args.out), "pairs": counts}))
 
 

@@ -31,7 +31,8 @@ from specdec import SpeculativeDecoder  # noqa: E402
 from specdec.core.components import Observer  # noqa: E402
 from specdec.core.models import cache_argument  # noqa: E402
 from specdec.drafters import FallbackDrafter, HiddenStateDrafter, HiddenStateHead, NGramDrafter  # noqa: E402
-from specdec.policies import ConstantLookahead, CostAwareLookahead, HeuristicLookahead  # noqa: E402
+from specdec.policies import (ConstantLookahead, CostAwareLookahead, DraftConfidenceLookahead,  # noqa: E402
+                              HeuristicLookahead)
 from specdec.verifiers import GreedyVerifier, RejectionVerifier  # noqa: E402
 
 KINDS = ["code", "explain", "summarise", "creative"]
@@ -128,6 +129,13 @@ def contenders(run: str, target, head, heuristic_max: int, only=(), other_head=N
     found["specdec ngram>=2 else hidden_state cost-aware by position"] = spec(
         FallbackDrafter(NGramDrafter(max_ngram=3, min_ngram=2), HiddenStateDrafter(head), then_max_tokens=2),
         CostAwareLookahead(per_position=True))
+    # The head's own confidence: a row stops drafting where its recalibrated q says the next token
+    # is not worth its measured cost (threshold "auto"), so a doubtful first token costs a plain step.
+    found["specdec hidden_state draft-confidence auto"] = spec(HiddenStateDrafter(head),
+                                                               DraftConfidenceLookahead(threshold="auto", max_tokens=3))
+    found["specdec ngram>=2 else hidden_state draft-confidence auto"] = spec(
+        FallbackDrafter(NGramDrafter(max_ngram=3, min_ngram=2), HiddenStateDrafter(head), then_max_tokens=2),
+        DraftConfidenceLookahead(threshold="auto", max_tokens=10))
     if other_head is not None:  # another head on the same prompts in the same run (--compare-head)
         found["specdec hidden_state k=2 (compared head)"] = spec(HiddenStateDrafter(other_head), ConstantLookahead(k=2))
         found["specdec hidden_state cost-aware (compared head)"] = spec(HiddenStateDrafter(other_head), CostAwareLookahead())
