@@ -293,3 +293,18 @@ class TestCacheName:
         assert [getattr(out, name) for name in declared] == [cache]
         assert returned_cache(out) is cache
         assert returned_cache(output_class(logits=torch.zeros(1))) is None
+
+    def test_reading_asks_no_deprecated_name(self, monkeypatch):
+        """On transformers >= 5.24 asking an output for ``past_key_values`` logs a deprecation
+        warning (once per process, so the call is watched, not the log): reading an output without
+        a cache, which looks under every name, must not ask that way. Fails on 5.24 with ``in``."""
+        from transformers import modeling_outputs
+        from transformers.utils import generic
+
+        from specdec.core.models import returned_cache
+
+        asked = []
+        monkeypatch.setattr(generic.logger, "warning_once", lambda message, *a, **k: asked.append(message))
+        assert returned_cache(modeling_outputs.CausalLMOutputWithPast(logits=torch.zeros(1))) is None
+        assert returned_cache(modeling_outputs.BaseModelOutputWithPast(last_hidden_state=torch.zeros(1))) is None
+        assert asked == []

@@ -135,10 +135,10 @@ def _cache_argument_of(forward) -> str:
 
 def returned_cache(output: ModelOutput):
     """The cache a forward returned, under whichever name this transformers gives it."""
-    for name in _CACHE_NAMES:
-        if name in output:  # a ModelOutput's keys are its non-None fields
-            return output[name]
-    return None
+    # A ModelOutput's keys are its non-None fields. Its own ``in`` maps the old names to ``cache`` on
+    # transformers >= 5.24 and logs a deprecation warning for asking; the plain keys do not.
+    keys = output.keys()
+    return next((output[name] for name in _CACHE_NAMES if name in keys), None)
 
 
 def with_cache(output_class: type[ModelOutput], cache, **fields) -> ModelOutput:
