@@ -282,6 +282,16 @@ def self_prompts(rng: random.Random, count: int, heldout: set[str]) -> list[dict
     return pool[:count]
 
 
+def _in_turn(queues: list[list[dict]], count: int) -> list[dict]:
+    """Up to ``count`` items, one from each queue in turn (the queues are emptied as they go)."""
+    picked = []
+    while len(picked) < count and any(queues):
+        for queue in queues:
+            if queue and len(picked) < count:
+                picked.append(queue.pop(0))
+    return picked
+
+
 def general_prompts(rng: random.Random, count: int, heldout: set[str]) -> list[dict]:
     """``count`` general-knowledge prompts (explain, creative, code), the kinds taken in turn."""
     explain = ([t.format(x=x) for t in EXPLAIN_GENERAL for x in THINGS] + [t.format(x=x) for t in HOW_GENERAL for x in HOW]
@@ -293,12 +303,7 @@ def general_prompts(rng: random.Random, count: int, heldout: set[str]) -> list[d
         prompts = [p for p in prompts if p not in heldout]
         rng.shuffle(prompts)
         queues.append([{"kind": kind, "prompt": p} for p in prompts])
-    picked = []
-    while len(picked) < count and any(queues):
-        for queue in queues:
-            if queue and len(picked) < count:
-                picked.append(queue.pop(0))
-    return picked
+    return _in_turn(queues, count)
 
 
 def _passage(answer: str, words: int = 160) -> str | None:
@@ -333,12 +338,7 @@ def corpus_prompts(pairs: list[dict], count: int) -> list[dict]:
     by_kind: dict[str, list[dict]] = {}
     for p in pairs:
         by_kind.setdefault(p["kind"], []).append({"kind": p["kind"], "prompt": p["prompt"]})
-    picked, queues = [], [list(q) for _, q in sorted(by_kind.items())]
-    while len(picked) < count and any(queues):
-        for queue in queues:
-            if queue and len(picked) < count:
-                picked.append(queue.pop(0))
-    return picked
+    return _in_turn([list(q) for _, q in sorted(by_kind.items())], count)
 
 
 def generate_answers(target_path: str, prompts: list[dict], max_new_tokens: int, batch_size: int,
