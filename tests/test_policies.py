@@ -3,6 +3,7 @@ the rule they enforce inside the loop, and greedy exactness with them."""
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -13,6 +14,8 @@ from specdec.core.types import Draft
 from specdec.drafters import ModelDrafter
 from specdec.plugins import get_registry
 from specdec.policies import DraftConfidenceLookahead, TargetConfidenceLookahead
+from specdec.policies.cost_aware import CostFit, bucket_of
+from specdec.policies.draft_confidence import CostStop
 from specdec.verifiers import GreedyVerifier
 
 from .conftest import Recorder, drafts_and_budgets, left_padded, perturbed_copy, tiny_llama
@@ -62,6 +65,54 @@ def make_step(rows, target_probs) -> Step:
         finished_host=torch.zeros(batch, dtype=torch.bool),
         appended_tokens=zeros[:, None],
         target_probs_host=probs,
+    )
+
+
+def stop_state(batch: int):
+    """What ``CostStop`` reads of a DecodeState."""
+    return SimpleNamespace(batch_size=batch, active=batch, rows_host=torch.arange(batch), iteration=1, row_cuts=0,
+                           device=torch.device("cpu"), remaining_host=lambda: torch.full((batch,), 100))
+
+
+class WidthClock:
+    """A fake clock for ``CostStop``'s planner, read once per lookahead: the iteration that just
+    ended lasted ``cost(width)`` for the width it drafted."""
+
+    def __init__(self, policy, cost):
+        self.policy, self.cost, self.now = policy, cost, 0.0
+
+    def __call__(self) -> float:
+        pending = self.policy._stop.planner._pending
+        self.now += self.cost(pending[2] if pending is not None else 0)
+        return self.now
+
+
+def fed_stop(times: dict[int, float], batch: int = 1) -> CostStop:
+    """A ``CostStop`` (up to 6 drafts) whose planner has seen iterations of these widths take these
+    seconds at ``batch`` rows."""
+    stop = CostStop(6, clock=lambda: 0.0)
+    stop.begin(stop_state(batch), None)
+    fit = stop.planner._fits.setdefault(bucket_of(batch), CostFit(log_batch=math.log2(batch)))
+    for _ in range(3):
+        for width, seconds in times.items():
+            fit.add(width, seconds, 1.0)
+    return stop
+
+
+def step_with_width(rows, width: int) -> Step:
+    """A Step whose draft is ``width`` columns wide, every row's draft rejected at once."""
+    batch = len(rows)
+    zeros = torch.zeros(batch, dtype=torch.long)
+    return Step(
+        iteration=1,
+        rows_host=torch.tensor(rows),
+        draft=Draft(tokens=torch.zeros(batch, width, dtype=torch.long), lengths=zeros + width),
+        verdict=Verdict(accepted=zeros, next_token=zeros),
+        drafted_host=zeros + width,
+        accepted_host=zeros,
+        appended_host=zeros + 1,
+        finished_host=torch.zeros(batch, dtype=torch.bool),
+        appended_tokens=zeros[:, None],
     )
 
 
@@ -159,6 +210,7 @@ class TestAutoThresholds:
 
     def test_auto_draft_confidence_stops_the_whole_batch_together(self, target, draft_model):
         policy = DraftConfidenceLookahead(threshold="auto", max_tokens=6)
+        policy._stop = CostStop(6, clock=WidthClock(policy, lambda width: 10.0 + width))  # drafting pays
         run(target, draft_model, policy)
         out, expected, steps = run(target, draft_model, policy)
         for step in steps:  # every row drafts the same width unless capped by its budget
@@ -180,16 +232,51 @@ class TestAutoThresholds:
         assert calibration.estimate(torch.tensor([0.7])).tolist() == pytest.approx([2 / 3])
 
     def test_keep_drafting_rule(self):
-        from specdec.policies.cost_aware import CostFit, DraftTimer
+        stop = fed_stop({0: 9.0, 1: 11.0, 2: 12.0, 3: 13.0})  # T = 10 + w when drafting
+        state = stop_state(1)
+        assert stop.lookahead(state).tolist() == [6]
+        # Nothing calibrated: every q reads as the prior 0.5. One more column adds 0.5 * 0.5 tokens
+        # for 1 s on top of 11 s holding 1.5 tokens: 1.75 / 12 >= 1.5 / 11.
+        assert bool(stop.keep(state, 0, torch.tensor([0.05]))[0])
+        # Calibrated: drafts at q < 0.1 are accepted 1 time in 20; 1.1 tokens in 11 s, 0.01 more
+        # for 1 s more does not pay.
+        stop.calibration.add(torch.full((20,), 0.05), torch.arange(20) == 0, torch.ones(20, dtype=torch.bool))
+        stop.lookahead(state)
+        assert not bool(stop.keep(state, 0, torch.tensor([0.05]))[0])
 
-        timer = DraftTimer()
-        fit = timer._fits.setdefault(1, CostFit(log_batch=0.0))
-        for k, seconds in [(1, 11.0), (2, 12.0), (3, 13.0)]:
-            fit.add(k, seconds, 1.0)  # T = 10 + w
-        reach, gained = torch.tensor([0.9]), torch.tensor([0.9])
-        # one more column adds 0.9 * alpha tokens for 1 s on top of 11 s holding 1.9 tokens
-        assert bool(timer.keep_drafting(1, 1, reach, gained, torch.tensor([0.5]))[0])  # 0.45/1 >= 1.9/11
-        assert not bool(timer.keep_drafting(1, 1, reach, gained, torch.tensor([0.1]))[0])  # 0.09 < 0.17
+    def test_no_draft_at_all_where_plain_steps_pay_more(self):
+        # A plain step takes 5 s, the cheapest draft 11 s: at the prior's acceptance of 0.5 no
+        # width commits tokens faster than 1 per 5 s.
+        stop = fed_stop({0: 5.0, 1: 11.0, 2: 12.0}, batch=4)
+        assert stop.lookahead(stop_state(4)).tolist() == [0, 0, 0, 0]
+
+    def test_iterations_are_timed_by_the_width_drafted(self):
+        now = [0.0]
+        stop = CostStop(6, clock=lambda: now[0])
+        state = stop_state(1)
+        stop.begin(state, None)
+        # Each iteration asks for up to 6 and the confidence stops the draft at 2. The first one that
+        # drafts after none did is not recorded (it also reads what the drafter sat out).
+        for iteration, seconds in [(1, 0.0), (2, 3.0)]:
+            now[0], state.iteration = seconds, iteration
+            assert stop.lookahead(state).tolist() == [6]
+            stop.on_step(state, step_with_width([0], 2), None)
+        now[0], state.iteration = 7.0, 3
+        stop.lookahead(state)
+        assert stop.planner._fits[bucket_of(1)].mean == {2: 4.0}
+
+    def test_in_the_loop_dear_drafts_become_plain_steps(self, target, draft_model):
+        policy = DraftConfidenceLookahead(threshold="auto", max_tokens=6)
+        policy._stop = CostStop(6, clock=WidthClock(policy, lambda width: 5.0 + width if width else 1.0))
+        recorder = Recorder()
+        decoder = SpeculativeDecoder(target=target, drafter=ModelDrafter(draft_model), policy=policy,
+                                     verifier=GreedyVerifier(), observers=[recorder])
+        input_ids, mask = left_padded(PROMPTS)
+        out = decoder.generate(input_ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False)
+        expected = target.generate(input_ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False)
+        assert torch.equal(out.sequences, expected)
+        plain = [step.draft.width == 0 for step in recorder.steps]
+        assert any(not p for p in plain[:2]) and sum(plain) > len(plain) / 2
 
     @pytest.mark.parametrize("name", ["draft-confidence", "target-confidence"])
     def test_other_strings_are_config_errors(self, name):

@@ -225,14 +225,14 @@ class ClassifierLookahead(LookaheadPolicy):
         self._confidence = torch.full((state.batch_size,), UNVERIFIED_CONFIDENCE)  # [R] CPU, by original row
         if self.threshold == AUTO:
             if self._stop is None:
-                self._stop = CostStop()
-            self._stop.begin(state)
+                self._stop = CostStop(self.max_tokens)
+            self._stop.begin(state, target)
 
     def lookahead(self, state) -> torch.Tensor:
         self._confidence_now = self._confidence[state.rows_host].to(state.device, non_blocking=True)  # [B]
         self._predicted = []
         if self._stop is not None:
-            self._stop.lookahead(state)
+            return self._stop.lookahead(state)
         return torch.full((state.active,), self.max_tokens, dtype=torch.long)
 
     def continue_drafting(self, state, position, tokens, token_probs, probs) -> torch.Tensor:
@@ -245,7 +245,7 @@ class ClassifierLookahead(LookaheadPolicy):
 
     def on_step(self, state, step) -> None:
         if self._stop is not None:  # positions the classifier judged (all but each draft's last)
-            self._stop.on_step(step, torch.stack(self._predicted, dim=1) if self._predicted else None)
+            self._stop.on_step(state, step, torch.stack(self._predicted, dim=1) if self._predicted else None)
         if step.target_probs_host is not None:
             self._confidence[step.rows_host] = step.target_probs_host.float()
 

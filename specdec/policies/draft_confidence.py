@@ -13,7 +13,7 @@ import torch
 from ..core.hookspecs import hookimpl
 from ..core.components import LookaheadPolicy
 from .constant import integer
-from .cost_aware import Calibration, DraftTimer
+from .cost_aware import Calibration, CostAwareLookahead
 
 AUTO = "auto"
 
@@ -37,39 +37,77 @@ def confident(token_probs: torch.Tensor | None, threshold: float) -> torch.Tenso
     return token_probs >= threshold
 
 
+@attrs.define(eq=False)
+class _WidthTimedPlanner(CostAwareLookahead):
+    """``cost-aware`` timed by the width the draft reached rather than the lookahead it was given:
+    under a confidence stop the lookahead is only a cap, and the width is what the iteration cost."""
+
+    def on_step(self, state, step) -> None:
+        if self._pending is not None:
+            iteration, batch, _, started, warm, probe = self._pending
+            self._pending = (iteration, batch, step.draft.width, started, warm, probe)
+            self._drafted = step.draft.width > 0
+        super().on_step(state, step)
+
+
 class CostStop:
     """The ``threshold = "auto"`` rule shared by ``draft-confidence`` and ``classifier``.
 
-    A predicted acceptance (the draft's q, or the classifier's estimate) is first recalibrated
-    online (``Calibration``: what share of positions with that prediction the target really
-    accepted). A row's chance of reaching the next position is the product of its calibrated
-    estimates so far; the whole batch drafts one more column while the tokens that column is
-    expected to add are worth its measured time (``DraftTimer``), since a row that stops alone
-    saves nothing in a padded verify.
+    Whether to draft at all is ``cost-aware``'s call: a plain target step (k = 0) where no draft
+    is expected to pay for its measured time, with its probing to notice when drafting pays again
+    (a batch of 4 on a CPU verifies to its widest row, and there a draft that always starts lost
+    to the target alone). How far to draft is the confidence's: a predicted acceptance (the
+    draft's q, or the classifier's estimate) is recalibrated online (``Calibration``: what share
+    of positions with that prediction the target really accepted); a row's chance of reaching the
+    next position is the product of its calibrated estimates so far, and the whole batch drafts
+    one more column while the tokens that column is expected to add are worth its time (a line
+    through the planner's iteration times by width), since a row that stops alone saves nothing
+    in a padded verify. Before a batch size has a line, drafts run to the widths of ``explore``
+    in turn.
     """
 
-    def __init__(self, clock=None):
+    explore = (2, 5)
+
+    def __init__(self, max_tokens: int, clock=None):
+        self.max_tokens = max_tokens
         self.calibration = Calibration()
-        self.timer = DraftTimer() if clock is None else DraftTimer(clock=clock)
-        self.reach = self.gained = None
+        self.planner = _WidthTimedPlanner(max_k=max_tokens, **({} if clock is None else {"clock": clock}))
+        self.reach = self.gained = self.line = None
+        self._explored = 0
 
-    def begin(self, state) -> None:
+    def begin(self, state, target) -> None:
         self.calibration.to(state.device)
+        self.planner.begin(state, target)
 
-    def lookahead(self, state) -> None:
-        self.timer.start(state)
+    def lookahead(self, state) -> torch.Tensor:
+        """[B] CPU: ``max_tokens`` for every row, or 0 where the planner takes a plain step."""
+        self.planner.plan(state)
         self.reach = torch.ones(state.active, device=state.device)
         self.gained = torch.zeros(state.active, device=state.device)
+        costs = self.planner.cost_model(state.active)
+        self.line = None if costs is None or len(costs) < 3 else (2 * costs[1] - costs[2], costs[2] - costs[1])
+        self._explored += 1
+        return torch.full((state.active,), self.max_tokens if self.planner.decision.k > 0 else 0, dtype=torch.long)
 
     def keep(self, state, position, predicted) -> torch.Tensor:
+        """[B] bool, every row alike: draft column ``position + 2`` after ``predicted`` [B] at ``position``?"""
         estimate = self.calibration.estimate(predicted)  # [B]
         self.reach = self.reach * estimate
         self.gained = self.gained + self.reach
-        return self.timer.keep_drafting(state.active, position + 1, self.reach, self.gained, estimate)
+        width = position + 1
+        if self.line is None:
+            wanted = self.explore[self._explored % len(self.explore)]
+            return torch.full_like(self.reach, width < wanted, dtype=torch.bool)
+        a, b = self.line
+        now = a + b * width  # seconds of an iteration this wide
+        tokens = self.reach.shape[0] + self.gained.sum()  # expected committed tokens so far (1 per row + kept drafts)
+        more = (self.reach * estimate).sum()
+        # (tokens + more) / (now + b) >= tokens / now, on the device: no sync here.
+        return ((tokens + more) * now >= tokens * (now + b)).expand(self.reach.shape[0])
 
-    def on_step(self, step, predicted: torch.Tensor | None) -> None:
+    def on_step(self, state, step, predicted: torch.Tensor | None) -> None:
         """``predicted`` [B, K]: the prediction at every drafted position (None: nothing drafted)."""
-        self.timer.stop(step)
+        self.planner.on_step(state, step)
         if predicted is None or predicted.shape[1] == 0:
             return
         position = torch.arange(predicted.shape[1], device=predicted.device)[None, :]  # [1, K]
@@ -82,9 +120,10 @@ class CostStop:
 class DraftConfidenceLookahead(LookaheadPolicy):
     """Draft while the draft's probability of its own token stays >= ``threshold``, up to ``max_tokens``.
 
-    ``threshold = "auto"``: stop where the cost model says (``CostStop``): the draft's q is
-    recalibrated online against what the target accepted, and the batch drafts one more token
-    while its expected gain is worth its measured time.
+    ``threshold = "auto"``: decide from measured costs (``CostStop``): a plain target step where
+    no draft pays (``cost-aware``'s choice of k = 0); otherwise the draft's q is recalibrated
+    online against what the target accepted, and the batch drafts one more token while its
+    expected gain is worth its measured time.
     """
 
     name = "draft-confidence"
@@ -97,12 +136,12 @@ class DraftConfidenceLookahead(LookaheadPolicy):
     def begin(self, state, target) -> None:
         if self.threshold == AUTO:
             if self._stop is None:
-                self._stop = CostStop()
-            self._stop.begin(state)
+                self._stop = CostStop(self.max_tokens)
+            self._stop.begin(state, target)
 
     def lookahead(self, state) -> torch.Tensor:
         if self._stop is not None:
-            self._stop.lookahead(state)
+            return self._stop.lookahead(state)
         return torch.full((state.active,), self.max_tokens, dtype=torch.long)
 
     def continue_drafting(self, state, position, tokens, token_probs, probs) -> torch.Tensor | None:
@@ -112,7 +151,7 @@ class DraftConfidenceLookahead(LookaheadPolicy):
 
     def on_step(self, state, step) -> None:
         if self._stop is not None:
-            self._stop.on_step(step, step.draft.token_probs)
+            self._stop.on_step(state, step, step.draft.token_probs)
 
 
 @hookimpl
