@@ -72,6 +72,20 @@ class TestTrainCommand:
         assert result.exit_code == 2 and "unroll must be between 1 and half the row length (16)" in result.output
         assert not (tmp_path / "bad.safetensors").exists()
 
+    def test_rows_that_begin_with_a_text(self, tmp_path):
+        corpus = tmp_path / "corpus.jsonl"
+        texts = [f"def f{i}(x):\n    return x * {i} + {i % 7}\n" for i in range(60)]
+        corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+        common = ["train", "--target", str(PAIR), "--corpus", str(corpus), "--vocab", "64", "--length", "32",
+                  "--epochs", "1", "--batch-size", "4", "--threads", "1"]
+        out = tmp_path / "head.safetensors"
+        result = runner.invoke(drafter_app, [*common, "--out", str(out), "--rows", "texts"])
+        assert result.exit_code == 0, result.output
+        assert out.is_file() and "held-out top-1" in result.output
+        result = runner.invoke(drafter_app, [*common, "--out", str(tmp_path / "bad.safetensors"), "--rows", "lines"])
+        assert result.exit_code == 2 and "rows must be 'stream' or 'texts', got 'lines'" in result.output
+        assert not (tmp_path / "bad.safetensors").exists()
+
     def test_a_missing_corpus_is_a_clear_error(self, tmp_path):
         result = runner.invoke(drafter_app, ["train", "--target", str(PAIR), "--corpus", str(tmp_path / "no.jsonl"),
                                              "--out", str(tmp_path / "h.safetensors")])

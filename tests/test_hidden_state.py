@@ -286,6 +286,53 @@ class TestTrainingOptions:
         with pytest.raises(InputError, match="unroll must be between 1 and half the row length \\(8\\)"):
             train_hidden_state_head(tiny_model("llama"), [[3, 4, 5] * 20], length=16, unroll=unroll)
 
+    def test_text_rows_begin_with_a_text_and_pad_the_rest(self):
+        from specdec.training.hidden_state import text_rows
+
+        rows, real = text_rows([[1, 2, 3], [4, 5], [6, 7, 8, 9, 10, 11, 12], [13]], None, 5, pad=0)
+        # [1 2 3] and [4 5] fill a row; the long text fills a row of its own and its tail starts the
+        # next, which [13] joins; the rest is padding.
+        assert rows.tolist() == [[1, 2, 3, 4, 5], [6, 7, 8, 9, 10], [11, 12, 13, 0, 0]]
+        assert real.tolist() == [[True] * 5, [True] * 5, [True, True, True, False, False]]
+        rows, real = text_rows([[1, 2, 3], [4, 5, 6]], None, 4, pad=9)
+        assert rows.tolist() == [[1, 2, 3, 9], [4, 5, 6, 9]]  # [4 5 6] does not fit after [1 2 3]: not split
+        with pytest.raises(InputError, match="fewer than two"):
+            text_rows([[1, 2]], None, 4)
+
+    def test_padding_is_left_out_of_the_loss(self):
+        """What stands in the padding (tokens, the target's hidden states there) does not move the loss."""
+        from specdec.training.hidden_state import _loss
+
+        target = tiny_model("llama")
+        head = HiddenStateHead(head_config(target.config), torch.arange(24)).float()  # training runs in float32
+        head.attach(target.get_output_embeddings().weight.float())
+        embedding = target.get_input_embeddings()
+        generator = torch.Generator().manual_seed(4)
+        tokens = torch.randint(0, 24, (2, 10), generator=generator)
+        features = torch.randn(2, 10, target.config.hidden_size, generator=generator)
+        real = torch.ones(2, 10, dtype=torch.bool)
+        real[1, 6:] = False
+        other_tokens, other_features = tokens.clone(), features.clone()
+        other_tokens[1, 6:] = 3
+        other_features[1, 6:] = 100.0
+        for unroll in (1, 3):
+            loss = _loss(head, embedding, tokens, features, 1.0, 0.0, unroll, real)
+            assert torch.allclose(loss, _loss(head, embedding, other_tokens, other_features, 1.0, 0.0, unroll, real))
+            assert not torch.allclose(loss, _loss(head, embedding, other_tokens, other_features, 1.0, 0.0, unroll))
+
+    def test_trains_on_text_rows(self, tmp_path):
+        target = tiny_model("llama")
+        ids, mask = left_padded_prompts([6] * 8, seed=5)
+        texts = [row[row != 0].tolist() for row in target.generate(ids, attention_mask=mask, do_sample=False,
+                                                                   max_new_tokens=20)]
+        report = train_hidden_state_head(target, texts, vocab=20, length=32, epochs=20, batch_size=2, lr=1e-2,
+                                         rows="texts", holdout=0.0)
+        assert report.tokens == sum(len(t) for t in texts)  # positions of text, not of padding
+        first, last = sum(report.losses[:3]) / 3, sum(report.losses[-3:]) / 3
+        assert last < 0.8 * first
+        with pytest.raises(InputError, match="rows must be 'stream' or 'texts'"):
+            train_hidden_state_head(target, texts, length=32, rows="documents")
+
     def test_an_unknown_schedule_is_refused(self):
         with pytest.raises(InputError, match="schedule"):
             train_hidden_state_head(tiny_model("llama"), [[3, 4, 5] * 20], length=16, schedule="linear")

@@ -40,6 +40,9 @@ def train(
     out: Path = typer.Option(..., "--out", help="Where to write the head (safetensors)."),
     vocab: int = typer.Option(8192, help="Tokens in the head's reduced vocabulary (the target's most frequent)."),
     length: int = typer.Option(256, help="Tokens per training row."),
+    rows: str = typer.Option("stream", help="stream: the texts joined and cut every --length tokens (a text may "
+                             "span two rows); texts: every row begins with a text, whole texts packed, the rest "
+                             "padding left out of the loss."),
     epochs: int = typer.Option(2, help="Passes over the corpus."),
     batch_size: int = typer.Option(8, help="Rows per step."),
     lr: float = typer.Option(1e-3, help="Peak learning rate (AdamW)."),
@@ -93,7 +96,7 @@ def train(
             report = train_hidden_state_head(
                 model, texts, out, tokenizer=tokenizer, vocab=vocab, length=length, epochs=epochs,
                 batch_size=batch_size, lr=lr, schedule=schedule, unroll=unroll, init=init, holdout=holdout, seed=seed,
-                feature_cache=feature_cache, on_progress=on_progress,
+                feature_cache=feature_cache, rows=rows, on_progress=on_progress,
             )
     except (SpecdecError, OSError) as exc:
         typer.echo(f"Error: {exc}", err=True)

@@ -55,22 +55,61 @@ class HeadTrainingReport:
                 f"token map covers {self.map_coverage:.1%} of the target's tokens{where}")
 
 
-def token_rows(texts: Sequence[str] | Sequence[Sequence[int]], tokenizer, length: int) -> torch.Tensor:
-    """The corpus as rows of ``length`` token ids ([N, length]); texts are joined with eos between them."""
-    ids: list[int] = []
+def _text_ids(texts: Sequence[str] | Sequence[Sequence[int]], tokenizer) -> list[list[int]]:
+    """Each text's token ids, a string's followed by the tokenizer's eos."""
+    ids = []
     for i, text in enumerate(texts):
         if isinstance(text, str):
             if tokenizer is None:
                 raise InputError(f"text {i} is a string; pass a tokenizer (or token ids)")
-            ids += tokenizer(text, add_special_tokens=False)["input_ids"]
+            tokens = tokenizer(text, add_special_tokens=False)["input_ids"]
             if tokenizer.eos_token_id is not None:
-                ids.append(tokenizer.eos_token_id)
+                tokens.append(tokenizer.eos_token_id)
+            ids.append(tokens)
         else:
-            ids += [int(token) for token in text]
+            ids.append([int(token) for token in text])
+    return ids
+
+
+def token_rows(texts: Sequence[str] | Sequence[Sequence[int]], tokenizer, length: int) -> torch.Tensor:
+    """The corpus as rows of ``length`` token ids ([N, length]); texts are joined with eos between them."""
+    ids = [token for text in _text_ids(texts, tokenizer) for token in text]
     rows = len(ids) // length
     if rows < 2:
         raise InputError(f"the corpus holds {len(ids)} tokens: fewer than two rows of {length}; give more text")
     return torch.tensor(ids[: rows * length]).view(rows, length)
+
+
+def text_rows(texts: Sequence[str] | Sequence[Sequence[int]], tokenizer, length: int,
+              pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The corpus as rows of ``length`` token ids that each begin with a text: ``(rows [N, length],
+    real [N, length] bool)``. Whole texts are packed in order while they fit; the rest of a row is
+    ``pad`` (``real`` False there). A text longer than a row fills rows of its own.
+
+    Why: with texts joined and cut every ``length`` tokens, most texts are split, and the target
+    reads the second part without the first: an answer without the question it answers, hidden
+    states the head never meets when it drafts."""
+    rows, real, current = [], [], []
+
+    def flush():
+        if current:
+            rows.append(current + [pad] * (length - len(current)))
+            real.append([True] * len(current) + [False] * (length - len(current)))
+            current.clear()
+
+    for tokens in _text_ids(texts, tokenizer):
+        for start in range(0, len(tokens), length):
+            piece = tokens[start : start + length]
+            if len(current) + len(piece) > length:
+                flush()
+            current.extend(piece)
+    flush()
+    if len(rows) < 2:
+        raise InputError(f"the corpus makes {len(rows)} row(s) of {length} tokens: fewer than two; give more text")
+    return torch.tensor(rows), torch.tensor(real)
+
+
+ROW_LAYOUTS = ("stream", "texts")
 
 
 @torch.no_grad()
@@ -180,6 +219,7 @@ def train_hidden_state_head(
     unroll: int = 1,
     init: HiddenStateHead | str | Path | None = None,
     feature_cache: str | Path | None = None,
+    rows: str = "stream",
     on_progress: Callable[[str, int, int], None] | None = None,
 ) -> HeadTrainingReport:
     """Fit a ``HiddenStateHead`` to ``target`` on ``texts`` (see the module doc); save it to ``out``.
@@ -193,6 +233,9 @@ def train_hidden_state_head(
     ``feature_cache``: a file where the target's hidden states for these
     rows are kept; a later call on the same rows and target reads them instead of running the
     target again (the file names the rows' hash; anything else there is recomputed).
+    ``rows``: ``"stream"`` joins the texts and cuts rows of ``length`` (a text may span two rows);
+    ``"texts"`` starts every row with a text and packs whole texts (``text_rows``), the padding
+    left out of the loss, the token map and the held-out score.
     ``on_progress(phase, done, total)`` is called as features are computed and steps are taken.
     """
     if not 0.0 <= holdout < 1.0 or vocab < 2 or length < 4 or batch_size < 1 or epochs < 1:
@@ -201,23 +244,30 @@ def train_hidden_state_head(
         raise InputError(f"unroll must be between 1 and half the row length ({length // 2}), got {unroll}")
     if schedule not in ("constant", "cosine"):
         raise InputError(f"schedule must be 'constant' or 'cosine', got {schedule!r}")
+    if rows not in ROW_LAYOUTS:
+        raise InputError(f"rows must be {' or '.join(map(repr, ROW_LAYOUTS))}, got {rows!r}")
     started = time.perf_counter()
     torch.manual_seed(seed)
     embedding, weight, _ = target_parts(target, "train_hidden_state_head")
-    rows = token_rows(texts, tokenizer, length)
-    order = torch.randperm(rows.shape[0], generator=torch.Generator().manual_seed(seed))
-    heldout = max(1, int(round(rows.shape[0] * holdout))) if holdout else 0
-    test_rows, train_rows = rows[order[:heldout]], rows[order[heldout:]]
+    eos = token_id_list(target.generation_config.eos_token_id)
+    if rows == "texts":
+        table, real = text_rows(texts, tokenizer, length, pad=eos[0] if eos else 0)
+    else:
+        table = token_rows(texts, tokenizer, length)
+        real = torch.ones_like(table, dtype=torch.bool)
+    order = torch.randperm(table.shape[0], generator=torch.Generator().manual_seed(seed))
+    heldout = max(1, int(round(table.shape[0] * holdout))) if holdout else 0
+    test_rows, train_rows = table[order[:heldout]], table[order[heldout:]]
+    test_real, train_real = real[order[:heldout]], real[order[heldout:]]
     target.eval()
     features = cached_features(target, train_rows, batch_size, feature_cache, on_progress)  # [N, T, H]
-    eos = token_id_list(target.generation_config.eos_token_id)
     if init is None:
-        token_map, coverage = frequent_tokens(features, weight, vocab, eos)
+        token_map, coverage = frequent_tokens(features[train_real], weight, vocab, eos)
         head = HiddenStateHead(head_config(target.config), token_map)
     else:
         head = init if isinstance(init, HiddenStateHead) else HiddenStateHead.load(init, target, "train_hidden_state_head")
         head = copy.deepcopy(head)  # the caller's head stays as it was
-        coverage = map_coverage(features, weight, head.token_map)
+        coverage = map_coverage(features[train_real], weight, head.token_map)
     head = head.to(device=target.device, dtype=torch.float32)
     head.attach(weight.float())
     head.train()
@@ -229,7 +279,8 @@ def train_hidden_state_head(
     scheduler = _scheduler(optimizer, schedule, total)
     for step in range(total):
         pick = torch.randint(0, train_rows.shape[0], (min(batch_size, train_rows.shape[0]),))
-        loss = _loss(head, embedding, train_rows[pick], features[pick], hidden_weight, noise * spread, unroll)
+        loss = _loss(head, embedding, train_rows[pick], features[pick], hidden_weight, noise * spread, unroll,
+                     train_real[pick])
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -238,7 +289,7 @@ def train_hidden_state_head(
         if on_progress is not None:
             on_progress("train", step + 1, total)
     head.eval()
-    per_step = _heldout_top1(head, target, embedding, test_rows, batch_size, unroll) if heldout else ()
+    per_step = _heldout_top1(head, target, embedding, test_rows, batch_size, unroll, test_real) if heldout else ()
     top1 = per_step[0] if per_step else float("nan")
     head = head.to(dtype=target.dtype)
     head.attach(weight)
@@ -248,7 +299,7 @@ def train_hidden_state_head(
                                         "unroll": str(unroll),
                                         "heldout_top1_per_step": " ".join(f"{t:.4f}" for t in per_step),
                                         "target": str(getattr(target.config, "_name_or_path", "") or "")})
-    return HeadTrainingReport(head=head, tokens=train_rows.numel(), steps=total, losses=losses,
+    return HeadTrainingReport(head=head, tokens=int(train_real.sum()), steps=total, losses=losses,
                               heldout_top1=top1, map_coverage=coverage, seconds=time.perf_counter() - started,
                               path=path, heldout_top1_per_step=tuple(per_step))
 
@@ -295,18 +346,26 @@ def unrolled_predictions(head, embedding, tokens: torch.Tensor, features: torch.
     return predicted
 
 
-def _loss(head, embedding, tokens, features, hidden_weight: float, noise: float, unroll: int = 1) -> torch.Tensor:
+def _loss(head, embedding, tokens, features, hidden_weight: float, noise: float, unroll: int = 1,
+          real: torch.Tensor | None = None) -> torch.Tensor:
+    """``real`` [B, T] bool: the positions that are text (None: all); padding is left out."""
     features = features.to(device=head.device, dtype=torch.float32)
     length = tokens.shape[1] - unroll
     total = weights = 0.0
     for step, predicted in enumerate(unrolled_predictions(head, embedding, tokens, features, unroll, noise)):
         truth = features[:, 1 + step : 1 + step + length]
+        scored = None if real is None else real[:, 1 + step : 1 + step + length].to(head.device).float()  # [B, L]
         with torch.no_grad():
             wanted = torch.softmax(head.readout(truth), dim=-1)  # the target's distribution on the map
-        hidden_loss = torch.nn.functional.smooth_l1_loss(predicted, truth)
+        hidden_loss = torch.nn.functional.smooth_l1_loss(predicted, truth, reduction="none").mean(-1)  # [B, L]
         # KL rather than cross-entropy: the same gradients, and a loss that goes to 0 when the head
         # matches the target (cross-entropy stops at the entropy of the target's distribution).
-        token_loss = (wanted * (torch.log(wanted.clamp(min=1e-12)) - torch.log_softmax(head.readout(predicted), dim=-1))).sum(-1).mean()
+        token_loss = (wanted * (torch.log(wanted.clamp(min=1e-12)) - torch.log_softmax(head.readout(predicted), dim=-1))).sum(-1)
+        if scored is None:
+            hidden_loss, token_loss = hidden_loss.mean(), token_loss.mean()
+        else:
+            count = scored.sum().clamp(min=1.0)
+            hidden_loss, token_loss = (hidden_loss * scored).sum() / count, (token_loss * scored).sum() / count
         weight = 0.8 ** step
         total = total + weight * (hidden_weight * hidden_loss + token_loss)
         weights += weight
@@ -314,11 +373,13 @@ def _loss(head, embedding, tokens, features, hidden_weight: float, noise: float,
 
 
 @torch.no_grad()
-def _heldout_top1(head, target, embedding, rows, batch_size, unroll: int = 1) -> list[float]:
-    """Per unrolled step, the share of held-out positions where the head's greedy token equals the
-    target's greedy token."""
-    right, seen = [0] * unroll, 0
+def _heldout_top1(head, target, embedding, rows, batch_size, unroll: int = 1,
+                  real: torch.Tensor | None = None) -> list[float]:
+    """Per unrolled step, the share of held-out text positions (``real``; None: all) where the
+    head's greedy token equals the target's greedy token."""
+    right, seen = [0] * unroll, [0] * unroll
     lm_head = target.get_output_embeddings().weight.float()
+    real = torch.ones_like(rows, dtype=torch.bool) if real is None else real
     for start in range(0, rows.shape[0], batch_size):
         batch = rows[start : start + batch_size]
         features = target_features(target, batch, batch_size).to(head.device, torch.float32)
@@ -326,6 +387,7 @@ def _heldout_top1(head, target, embedding, rows, batch_size, unroll: int = 1) ->
         for step, predicted in enumerate(unrolled_predictions(head, embedding, batch, features, unroll)):
             guess = head.token_map[head.readout(predicted).argmax(-1)]
             truth = (features[:, 1 + step : 1 + step + length] @ lm_head.T).argmax(-1)
-            right[step] += int((guess == truth).sum())
-        seen += batch.shape[0] * length
-    return [r / max(seen, 1) for r in right]
+            scored = real[start : start + batch_size, 1 + step : 1 + step + length].to(guess.device)
+            right[step] += int(((guess == truth) & scored).sum())
+            seen[step] += int(scored.sum())
+    return [r / max(n, 1) for r, n in zip(right, seen)]
