@@ -53,7 +53,7 @@ from specdec import SpeculativeDecoder  # noqa: E402
 from specdec.core.model_cache import resolve_model_path  # noqa: E402
 from specdec.drafters import SharedEncoderDrafter  # noqa: E402
 from specdec.drafters.shared_encoder_draft import load_shared_encoder_draft  # noqa: E402
-from specdec.policies import ConstantLookahead, CostAwareLookahead, HeuristicLookahead  # noqa: E402
+from specdec.policies import ConstantLookahead, CostAwareLookahead, DraftConfidenceLookahead, HeuristicLookahead  # noqa: E402
 from specdec.whisper import WhisperSpeculativeDecoder  # noqa: E402
 
 DEFAULT_DRAFT = ROOT / "models" / "whisper-base-draft"
@@ -104,7 +104,9 @@ def make_policy(text: str):
         return HeuristicLookahead(initial=int(value or 4))
     if kind == "cost-aware":
         return CostAwareLookahead(max_k=int(value or 8))
-    raise SystemExit(f"--policy {text!r}: constant:K, heuristic:K or cost-aware:MAXK")
+    if kind == "draft-confidence":  # threshold "auto": plain steps where no draft pays, the draft's q stops it
+        return DraftConfidenceLookahead(threshold="auto", max_tokens=int(value or 8))
+    raise SystemExit(f"--policy {text!r}: constant:K, heuristic:K, cost-aware:MAXK or draft-confidence:MAXK")
 
 
 class EncoderClock:
@@ -266,7 +268,8 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--limit", type=int, default=0, help="only the first N English utterances")
     parser.add_argument("--policy", default="constant:4",
-                        help="constant:K | heuristic:K | cost-aware:MAXK; comma-separated: one specdec contender each")
+                        help="constant:K | heuristic:K | cost-aware:MAXK | draft-confidence:MAXK (threshold auto); "
+                             "comma-separated: one specdec contender each")
     parser.add_argument("--contenders", default="base,hf-assisted,specdec,specdec-int8")
     parser.add_argument("--hf-assistant-tokens", type=int, default=None)
     parser.add_argument("--threads", type=int, default=1)
