@@ -43,25 +43,26 @@ class TestReadCorpus:
         assert first_tokens(["a b c d e f g h"], Words(), 2) == ["a b c d e f g h"]  # at least one
 
 
+def small_training(tmp_path) -> list[str]:
+    """``specdec drafter train`` arguments for one quick epoch on the bundled target over a small
+    corpus of code written to ``tmp_path`` (no --out)."""
+    corpus = tmp_path / "corpus.jsonl"
+    texts = [f"def f{i}(x):\n    return x * {i} + {i % 7}\n" for i in range(60)]
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    return ["train", "--target", str(PAIR), "--corpus", str(corpus), "--vocab", "64", "--length", "32",
+            "--epochs", "1", "--batch-size", "4", "--threads", "1"]
+
+
 @pytest.mark.skipif(not (PAIR / "tokenizer.json").is_file(), reason="the bundled pair is absent")
 class TestTrainCommand:
     def test_trains_and_saves_a_head(self, tmp_path):
-        corpus = tmp_path / "corpus.jsonl"
-        texts = [f"def f{i}(x):\n    return x * {i} + {i % 7}\n" for i in range(60)]
-        corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
         out = tmp_path / "head.safetensors"
-        result = runner.invoke(drafter_app, ["train", "--target", str(PAIR), "--corpus", str(corpus), "--out",
-                                             str(out), "--vocab", "64", "--length", "32", "--epochs", "1",
-                                             "--batch-size", "4", "--threads", "1"])
+        result = runner.invoke(drafter_app, [*small_training(tmp_path), "--out", str(out)])
         assert result.exit_code == 0, result.output
         assert out.is_file() and "held-out top-1" in result.output and 'use = "hidden_state"' in result.output
 
     def test_continues_a_head_unrolled_and_refuses_an_unroll_that_does_not_fit(self, tmp_path):
-        corpus = tmp_path / "corpus.jsonl"
-        texts = [f"def f{i}(x):\n    return x * {i} + {i % 7}\n" for i in range(60)]
-        corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
-        common = ["train", "--target", str(PAIR), "--corpus", str(corpus), "--vocab", "64", "--length", "32",
-                  "--epochs", "1", "--batch-size", "4", "--threads", "1"]
+        common = small_training(tmp_path)
         first = tmp_path / "first.safetensors"
         assert runner.invoke(drafter_app, [*common, "--out", str(first)]).exit_code == 0
         result = runner.invoke(drafter_app, [*common, "--out", str(tmp_path / "second.safetensors"),
@@ -73,11 +74,7 @@ class TestTrainCommand:
         assert not (tmp_path / "bad.safetensors").exists()
 
     def test_rows_that_begin_with_a_text(self, tmp_path):
-        corpus = tmp_path / "corpus.jsonl"
-        texts = [f"def f{i}(x):\n    return x * {i} + {i % 7}\n" for i in range(60)]
-        corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
-        common = ["train", "--target", str(PAIR), "--corpus", str(corpus), "--vocab", "64", "--length", "32",
-                  "--epochs", "1", "--batch-size", "4", "--threads", "1"]
+        common = small_training(tmp_path)
         out = tmp_path / "head.safetensors"
         result = runner.invoke(drafter_app, [*common, "--out", str(out), "--rows", "texts"])
         assert result.exit_code == 0, result.output

@@ -320,7 +320,18 @@ class TestTrainingOptions:
             assert torch.allclose(loss, _loss(head, embedding, other_tokens, other_features, 1.0, 0.0, unroll, real))
             assert not torch.allclose(loss, _loss(head, embedding, other_tokens, other_features, 1.0, 0.0, unroll))
 
-    def test_trains_on_text_rows(self, tmp_path):
+    def test_the_token_map_counts_only_text_positions(self):
+        """Padding positions do not vote for the token map (counted in chunks, across their edges)."""
+        from specdec.training.hidden_state import _greedy_counts
+
+        generator = torch.Generator().manual_seed(6)
+        features, weight = torch.randn(2, 5, 8, generator=generator), torch.randn(11, 8, generator=generator)
+        real = torch.tensor([[True] * 5, [True, True, False, False, False]])
+        counts = _greedy_counts(features, weight, chunk=3, real=real)
+        assert torch.equal(counts, torch.bincount((features[real] @ weight.T).argmax(-1), minlength=11))
+        assert int(counts.sum()) == 7 and int(_greedy_counts(features, weight, chunk=3).sum()) == 10
+
+    def test_trains_on_text_rows(self):
         target = tiny_model("llama")
         ids, mask = left_padded_prompts([6] * 8, seed=5)
         texts = [row[row != 0].tolist() for row in target.generate(ids, attention_mask=mask, do_sample=False,

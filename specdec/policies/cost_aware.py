@@ -470,6 +470,15 @@ class CostAwareLookahead(LookaheadPolicy):
         self._drafted = width > 0
         return torch.full((batch,), k, dtype=torch.long)
 
+    def time_at_width(self, width: int) -> None:
+        """Record the iteration in flight as one that drafted ``width`` columns, not the lookahead it
+        asked for: for a policy whose lookahead is only a cap (a confidence stop decides the width,
+        and the width is what the iteration cost). Call it before ``on_step``."""
+        if self._pending is not None:
+            iteration, batch, _, started, warm, probe = self._pending
+            self._pending = (iteration, batch, width, started, warm, probe)
+        self._drafted = width > 0
+
     def _record(self, iteration: int, now: float) -> None:
         """The previous iteration took from its lookahead to this one: everything it caused
         (the draft, the verify and the loop's sync, the drafter's cache bookkeeping after

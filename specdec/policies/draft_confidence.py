@@ -37,19 +37,6 @@ def confident(token_probs: torch.Tensor | None, threshold: float) -> torch.Tenso
     return token_probs >= threshold
 
 
-@attrs.define(eq=False)
-class _WidthTimedPlanner(CostAwareLookahead):
-    """``cost-aware`` timed by the width the draft reached rather than the lookahead it was given:
-    under a confidence stop the lookahead is only a cap, and the width is what the iteration cost."""
-
-    def on_step(self, state, step) -> None:
-        if self._pending is not None:
-            iteration, batch, _, started, warm, probe = self._pending
-            self._pending = (iteration, batch, step.draft.width, started, warm, probe)
-            self._drafted = step.draft.width > 0
-        super().on_step(state, step)
-
-
 class CostStop:
     """The ``threshold = "auto"`` rule shared by ``draft-confidence`` and ``classifier``.
 
@@ -71,7 +58,7 @@ class CostStop:
     def __init__(self, max_tokens: int, clock=None):
         self.max_tokens = max_tokens
         self.calibration = Calibration()
-        self.planner = _WidthTimedPlanner(max_k=max_tokens, **({} if clock is None else {"clock": clock}))
+        self.planner = CostAwareLookahead(max_k=max_tokens, **({} if clock is None else {"clock": clock}))
         self.reach = self.gained = self.line = None
         self._explored = 0
 
@@ -85,7 +72,7 @@ class CostStop:
         self.reach = torch.ones(state.active, device=state.device)
         self.gained = torch.zeros(state.active, device=state.device)
         costs = self.planner.cost_model(state.active)
-        self.line = None if costs is None or len(costs) < 3 else (2 * costs[1] - costs[2], costs[2] - costs[1])
+        self.line = None if costs is None or 2 not in costs else (2 * costs[1] - costs[2], costs[2] - costs[1])
         self._explored += 1
         return torch.full((state.active,), self.max_tokens if self.planner.decision.k > 0 else 0, dtype=torch.long)
 
@@ -107,6 +94,7 @@ class CostStop:
 
     def on_step(self, state, step, predicted: torch.Tensor | None) -> None:
         """``predicted`` [B, K]: the prediction at every drafted position (None: nothing drafted)."""
+        self.planner.time_at_width(step.draft.width)  # the lookahead was a cap; the confidence set the width
         self.planner.on_step(state, step)
         if predicted is None or predicted.shape[1] == 0:
             return

@@ -169,22 +169,29 @@ def cached_features(target, rows: torch.Tensor, batch_size: int, cache: str | Pa
 
 
 @torch.no_grad()
-def _greedy_counts(features: torch.Tensor, lm_head_weight: torch.Tensor, chunk: int = 2048) -> torch.Tensor:
-    """How often the target's greedy token over ``features`` is each token of its vocabulary ([V])."""
+def _greedy_counts(features: torch.Tensor, lm_head_weight: torch.Tensor, chunk: int = 2048,
+                   real: torch.Tensor | None = None) -> torch.Tensor:
+    """How often the target's greedy token over ``features`` is each token of its vocabulary ([V]),
+    counting only the positions ``real`` marks (None: all). Chunked, and without copying features."""
     counts = torch.zeros(lm_head_weight.shape[0], dtype=torch.long)
     flat = features.reshape(-1, features.shape[-1])
+    kept = None if real is None else real.reshape(-1).long()
     weight = lm_head_weight.detach().cpu().to(flat.dtype)
     for start in range(0, flat.shape[0], chunk):
-        counts += torch.bincount((flat[start : start + chunk] @ weight.T).argmax(-1), minlength=counts.shape[0])
+        greedy = (flat[start : start + chunk] @ weight.T).argmax(-1)
+        if kept is not None:
+            greedy = greedy[kept[start : start + chunk].bool()]
+        counts += torch.bincount(greedy, minlength=counts.shape[0])
     return counts
 
 
 @torch.no_grad()
 def frequent_tokens(features: torch.Tensor, lm_head_weight: torch.Tensor, vocab: int, always: list[int],
-                    chunk: int = 2048) -> tuple[torch.Tensor, float]:
-    """The ``vocab`` tokens the target predicts most often (its greedy tokens over ``features``),
-    with ``always`` added; and the share of greedy tokens they cover."""
-    counts = _greedy_counts(features, lm_head_weight, chunk)
+                    chunk: int = 2048, real: torch.Tensor | None = None) -> tuple[torch.Tensor, float]:
+    """The ``vocab`` tokens the target predicts most often (its greedy tokens over ``features`` at
+    the positions ``real`` marks, None: all), with ``always`` added; and the share of greedy tokens
+    they cover."""
+    counts = _greedy_counts(features, lm_head_weight, chunk, real)
     vocab = min(vocab, counts.shape[0])
     chosen = counts.argsort(descending=True)[:vocab]
     extra = [token for token in always if token not in set(chosen.tolist())]
@@ -194,9 +201,10 @@ def frequent_tokens(features: torch.Tensor, lm_head_weight: torch.Tensor, vocab:
     return chosen.sort().values, coverage
 
 
-def map_coverage(features: torch.Tensor, lm_head_weight: torch.Tensor, token_map: torch.Tensor) -> float:
-    """The share of the target's greedy tokens over ``features`` that ``token_map`` holds."""
-    counts = _greedy_counts(features, lm_head_weight)
+def map_coverage(features: torch.Tensor, lm_head_weight: torch.Tensor, token_map: torch.Tensor,
+                 real: torch.Tensor | None = None) -> float:
+    """The share of the target's greedy tokens over ``features`` (at ``real``; None: all) that ``token_map`` holds."""
+    counts = _greedy_counts(features, lm_head_weight, real=real)
     return float(counts[token_map.cpu()].sum()) / max(int(counts.sum()), 1)
 
 
@@ -253,21 +261,20 @@ def train_hidden_state_head(
     if rows == "texts":
         table, real = text_rows(texts, tokenizer, length, pad=eos[0] if eos else 0)
     else:
-        table = token_rows(texts, tokenizer, length)
-        real = torch.ones_like(table, dtype=torch.bool)
+        table, real = token_rows(texts, tokenizer, length), None  # every position is text
     order = torch.randperm(table.shape[0], generator=torch.Generator().manual_seed(seed))
     heldout = max(1, int(round(table.shape[0] * holdout))) if holdout else 0
     test_rows, train_rows = table[order[:heldout]], table[order[heldout:]]
-    test_real, train_real = real[order[:heldout]], real[order[heldout:]]
+    test_real, train_real = (None, None) if real is None else (real[order[:heldout]], real[order[heldout:]])
     target.eval()
     features = cached_features(target, train_rows, batch_size, feature_cache, on_progress)  # [N, T, H]
     if init is None:
-        token_map, coverage = frequent_tokens(features[train_real], weight, vocab, eos)
+        token_map, coverage = frequent_tokens(features, weight, vocab, eos, real=train_real)
         head = HiddenStateHead(head_config(target.config), token_map)
     else:
         head = init if isinstance(init, HiddenStateHead) else HiddenStateHead.load(init, target, "train_hidden_state_head")
         head = copy.deepcopy(head)  # the caller's head stays as it was
-        coverage = map_coverage(features[train_real], weight, head.token_map)
+        coverage = map_coverage(features, weight, head.token_map, train_real)
     head = head.to(device=target.device, dtype=torch.float32)
     head.attach(weight.float())
     head.train()
@@ -280,7 +287,7 @@ def train_hidden_state_head(
     for step in range(total):
         pick = torch.randint(0, train_rows.shape[0], (min(batch_size, train_rows.shape[0]),))
         loss = _loss(head, embedding, train_rows[pick], features[pick], hidden_weight, noise * spread, unroll,
-                     train_real[pick])
+                     None if train_real is None else train_real[pick])
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -299,9 +306,10 @@ def train_hidden_state_head(
                                         "unroll": str(unroll),
                                         "heldout_top1_per_step": " ".join(f"{t:.4f}" for t in per_step),
                                         "target": str(getattr(target.config, "_name_or_path", "") or "")})
-    return HeadTrainingReport(head=head, tokens=int(train_real.sum()), steps=total, losses=losses,
-                              heldout_top1=top1, map_coverage=coverage, seconds=time.perf_counter() - started,
-                              path=path, heldout_top1_per_step=tuple(per_step))
+    positions = train_rows.numel() if train_real is None else int(train_real.sum())  # padding is not trained on
+    return HeadTrainingReport(head=head, tokens=positions, steps=total, losses=losses, heldout_top1=top1,
+                              map_coverage=coverage, seconds=time.perf_counter() - started, path=path,
+                              heldout_top1_per_step=tuple(per_step))
 
 
 def unrolled_mask(length: int, step: int, dtype: torch.dtype, device=None) -> torch.Tensor:
