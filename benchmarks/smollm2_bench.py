@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
+from contextlib import nullcontext
 from datetime import date
 from pathlib import Path
 
@@ -30,6 +31,7 @@ sys.path.insert(0, str(HERE.parent))
 from specdec import SpeculativeDecoder  # noqa: E402
 from specdec.core.components import Observer  # noqa: E402
 from specdec.core.models import cache_argument  # noqa: E402
+from specdec.core.packed_linear import MIN_ROWS, packed_steps  # noqa: E402
 from specdec.drafters import FallbackDrafter, HiddenStateDrafter, HiddenStateHead, NGramDrafter  # noqa: E402
 from specdec.policies import (ConstantLookahead, CostAwareLookahead, DraftConfidenceLookahead,  # noqa: E402
                               HeuristicLookahead)
@@ -87,22 +89,24 @@ def contenders(run: str, target, head, heuristic_max: int, only=(), other_head=N
     verifier = RejectionVerifier() if sampled else GreedyVerifier()
     observer = PositionStats()
 
-    def plain(**extra):
+    def plain(packed=False, **extra):
         def go(inputs, kwargs):
-            with torch.no_grad():
+            # packed: every call of 4 rows or more on oneDNN-packed weights, the prefill included
+            # (core/packed_linear.py), the plain baseline for what specdec's packed steps gain alone.
+            with torch.no_grad(), packed_steps(target, MIN_ROWS) if packed else nullcontext():
                 return target.generate(**inputs, **kwargs, **extra), None
         return go
 
-    def spec(drafter, policy):
+    def spec(drafter, policy, packed=True):
         decoder = SpeculativeDecoder(target=target, drafter=drafter, policy=policy, verifier=verifier,
-                                     observers=[observer])
+                                     observers=[observer], packed_weights=packed)
 
         def go(inputs, kwargs):
             out = decoder.generate(**inputs, **kwargs)
             return out.sequences, observer.take()
         return go
 
-    found = {"target": plain()}
+    found = {"target": plain(), "target (packed)": plain(packed=True)}
     if batch == 1:
         found["prompt lookup (10)"] = plain(prompt_lookup_num_tokens=10)
     found["specdec ngram heuristic"] = spec(NGramDrafter(max_ngram=3), HeuristicLookahead())
@@ -135,6 +139,23 @@ def contenders(run: str, target, head, heuristic_max: int, only=(), other_head=N
                                                                DraftConfidenceLookahead(threshold="auto", max_tokens=3))
     found["specdec ngram>=2 else hidden_state draft-confidence auto"] = spec(
         FallbackDrafter(NGramDrafter(max_ngram=3, min_ngram=2), HiddenStateDrafter(head), then_max_tokens=2),
+        DraftConfidenceLookahead(threshold="auto", max_tokens=10))
+    # Multi-token steps on torch's own linear path instead of oneDNN-packed weights (core/packed_linear.py).
+    found["specdec hidden_state k=3 (unpacked)"] = spec(HiddenStateDrafter(head), ConstantLookahead(k=3), packed=False)
+    found["specdec ngram>=2 k=10 (unpacked)"] = spec(NGramDrafter(max_ngram=3, min_ngram=2), ConstantLookahead(k=10),
+                                                     packed=False)
+    found["specdec ngram>=2 else hidden_state cost-aware (unpacked)"] = spec(
+        FallbackDrafter(NGramDrafter(max_ngram=3, min_ngram=2), HiddenStateDrafter(head), then_max_tokens=2),
+        CostAwareLookahead(), packed=False)
+    found["specdec ngram>=2 else hidden_state draft-confidence auto (unpacked)"] = spec(
+        FallbackDrafter(NGramDrafter(max_ngram=3, min_ngram=2), HiddenStateDrafter(head), then_max_tokens=2),
+        DraftConfidenceLookahead(threshold="auto", max_tokens=10), packed=False)
+    # The head drafting up to 3 tokens behind prompt lookup, now that a 4-token verify costs less.
+    found["specdec ngram>=2 else hidden_state cost-aware then 3"] = spec(
+        FallbackDrafter(NGramDrafter(max_ngram=3, min_ngram=2), HiddenStateDrafter(head), then_max_tokens=3),
+        CostAwareLookahead())
+    found["specdec ngram>=2 else hidden_state draft-confidence auto then 3"] = spec(
+        FallbackDrafter(NGramDrafter(max_ngram=3, min_ngram=2), HiddenStateDrafter(head), then_max_tokens=3),
         DraftConfidenceLookahead(threshold="auto", max_tokens=10))
     if other_head is not None:  # another head on the same prompts in the same run (--compare-head)
         found["specdec hidden_state k=2 (compared head)"] = spec(HiddenStateDrafter(other_head), ConstantLookahead(k=2))

@@ -18,6 +18,10 @@ English, task transcribe, no timestamps, greedy):
   its own schedule), unless ``--hf-assistant-tokens`` is given.
 - ``specdec``: ``WhisperSpeculativeDecoder`` with the ``shared-encoder`` drafter and the shipped
   draft (``models/whisper-base-draft``: reduced head), the policy given by ``--policy``.
+- ``base-packed``: ``base`` with every call of 4 rows or more (the encoder too) on oneDNN-packed
+  weights (``core/packed_linear.py``): the plain baseline that specdec's packed steps are measured
+  against where a batch alone makes the linear layers cheaper.
+- ``specdec-unpacked``: ``specdec`` with ``packed_weights=False`` (torch's own linear path).
 - ``specdec-int8``: the same loop with base's whole decoder (its six layers and its full head)
   dynamically quantised to int8 (``torch.ao.quantization.quantize_dynamic`` on every Linear) as a
   shared-encoder draft: self-speculation, no training.
@@ -51,6 +55,7 @@ sys.path.insert(0, str(ROOT))
 
 from specdec import SpeculativeDecoder  # noqa: E402
 from specdec.core.model_cache import resolve_model_path  # noqa: E402
+from specdec.core.packed_linear import MIN_ROWS, packed_steps  # noqa: E402
 from specdec.drafters import SharedEncoderDrafter  # noqa: E402
 from specdec.drafters.shared_encoder_draft import load_shared_encoder_draft  # noqa: E402
 from specdec.policies import ConstantLookahead, CostAwareLookahead, DraftConfidenceLookahead, HeuristicLookahead  # noqa: E402
@@ -135,14 +140,19 @@ def contenders(target, draft, policy: str, int8, assistant, hf_tokens: int | Non
     def base(x):
         return target.generate(x, language="en", task="transcribe"), None
 
+    def base_packed(x):  # every call of 4 rows or more on oneDNN-packed weights (core/packed_linear.py)
+        with packed_steps(target, MIN_ROWS):
+            return target.generate(x, language="en", task="transcribe"), None
+
     def assisted(x):
         kwargs = {} if hf_tokens is None else {"num_assistant_tokens": hf_tokens, "num_assistant_tokens_schedule": "constant"}
         return target.generate(x, language="en", task="transcribe", assistant_model=assistant, **kwargs), None
 
-    def speculative(model, choice):
+    def speculative(model, choice, packed=True):
         # One decoder for every call, as `specdec transcribe` keeps one over its files: a policy
         # that measures (cost-aware) keeps what it learnt.
-        decoder = SpeculativeDecoder(target=target, drafter=SharedEncoderDrafter(model=model), policy=make_policy(choice))
+        decoder = SpeculativeDecoder(target=target, drafter=SharedEncoderDrafter(model=model), policy=make_policy(choice),
+                                     packed_weights=packed)
         whisper = WhisperSpeculativeDecoder(decoder)
 
         def run(x):
@@ -155,9 +165,10 @@ def contenders(target, draft, policy: str, int8, assistant, hf_tokens: int | Non
     def named(name: str, choice: str) -> str:  # one policy keeps the plain names
         return name if len(choices) == 1 else f"{name} {choice}"
 
-    out = {"base": (None, base)}
+    out = {"base": (None, base), "base-packed": (None, base_packed)}
     for choice in choices if draft is not None else ():
         out[named("specdec", choice)] = (None, speculative(draft, choice))
+        out[named("specdec-unpacked", choice)] = (None, speculative(draft, choice, packed=False))
     if assistant is not None:
         out["hf-assisted"] = ({1}, assisted)
     if int8 is not None:
@@ -182,7 +193,7 @@ def measure(args) -> dict:
     target, processor = load_target(args.model)
     wanted = set(args.contenders.split(","))
     # Only contenders that draft with it load the draft: base's peak memory (--memory) must not hold it.
-    draft = load_shared_encoder_draft(args.draft, target) if wanted & {"specdec", "hf-assisted"} else None
+    draft = load_shared_encoder_draft(args.draft, target) if wanted & {"specdec", "specdec-unpacked", "hf-assisted"} else None
     eot = target.generation_config.eos_token_id
     clock = EncoderClock(target)
     assistant = full_head_assistant(draft, target) if "hf-assisted" in wanted else None

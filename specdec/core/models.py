@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import inspect
 import warnings
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -22,6 +23,7 @@ from transformers.utils import ModelOutput
 from ..errors import ConfigError, InputError, RereadWarning
 from .cache import SlotCache, static_cache
 from .masks import AttentionLayout
+from .packed_linear import packed_steps
 from .recurrent import config_cache
 
 
@@ -338,6 +340,7 @@ class CausalLMRunner:
         return torch.cat([o[0] for o in outs], dim=1)[:, -logits_to_keep:], torch.cat([o[1] for o in outs], dim=1)
 
     compiled_steps = False  # set per request (CachedModel.begin): call a compiled forward after the prefill
+    packed_steps = False  # set per request (CachedModel.begin): steps after the prefill on packed weights
 
     def _prepares_masks(self, device: torch.device) -> bool:
         # Off the CPU, transformers' sdpa mask creation from a 2D mask syncs the device (it asks
@@ -381,9 +384,11 @@ class CausalLMRunner:
         if hidden:
             kwargs["output_hidden_states"] = True
         call = self.model
-        if self.compiled_steps and slots.static and slots.length > input_ids.shape[1]:  # a step, not the prefill
+        step = slots.length > input_ids.shape[1]  # not the prefill
+        if self.compiled_steps and slots.static and step:
             call = compiled_forward(self.model)
-        out = call(attention_mask=attention_mask, position_ids=position_ids, use_cache=True, **kwargs)
+        with packed_steps(self.model, input_ids.numel()) if self.packed_steps and step else nullcontext():
+            out = call(attention_mask=attention_mask, position_ids=position_ids, use_cache=True, **kwargs)
         logits = slots.to_active(out.logits[:, -logits_to_keep:])
         return (logits, slots.to_active(out.hidden_states[-1][:, -input_ids.shape[1]:])) if hidden else logits
 
@@ -552,6 +557,7 @@ class Seq2SeqRunner:
 
     rereads = False
     REQUIRED = ("encoder_outputs", "decoder_input_ids", "decoder_attention_mask", "decoder_position_ids")
+    packed_steps = False  # set per request (CachedModel.begin): decoder steps after the first on packed weights
 
     def __init__(self, model: PreTrainedModel):
         missing = [name for name in self.REQUIRED if not _accepts(model, name)]
@@ -629,16 +635,18 @@ class Seq2SeqRunner:
         position_ids = slots.extend(valid, dense)  # [B, n]
         attention_mask = slots.slot_mask.long()  # [B, L + n] (static: [P, capacity])
         tokens = {"decoder_input_ids": input_ids} if inputs_embeds is None else {"decoder_inputs_embeds": inputs_embeds}
-        out = self.model(
-            encoder_outputs=self.encoder_outputs,
-            attention_mask=self._encoder_mask,
-            decoder_attention_mask=attention_mask,
-            decoder_position_ids=position_ids,
-            use_cache=True,
-            output_hidden_states=hidden,
-            **{self._cache_argument: slots.cache},
-            **tokens,
-        )
+        step = slots.length > input_ids.shape[1]  # the first read computes the cross-attention keys, as generate's
+        with packed_steps(self.model, input_ids.numel()) if self.packed_steps and step else nullcontext():
+            out = self.model(
+                encoder_outputs=self.encoder_outputs,
+                attention_mask=self._encoder_mask,
+                decoder_attention_mask=attention_mask,
+                decoder_position_ids=position_ids,
+                use_cache=True,
+                output_hidden_states=hidden,
+                **{self._cache_argument: slots.cache},
+                **tokens,
+            )
         logits = slots.to_active(out.logits[:, -logits_to_keep:])
         return (logits, slots.to_active(out.decoder_hidden_states[-1][:, -input_ids.shape[1]:])) if hidden else logits
 

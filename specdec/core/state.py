@@ -96,6 +96,8 @@ class DecodeState:
     static_shapes: bool = False
     # Which models' steps run through torch.compile ("draft", "target"); static shapes only.
     compile: frozenset = frozenset()
+    # Multi-token steps of float32 CPU models on oneDNN-packed weights (core/packed_linear.py).
+    packed_weights: bool = False
 
     @property
     def batch_size(self) -> int:

@@ -1,0 +1,88 @@
+"""What a block of n tokens costs on a CPU, on torch's linear path and on oneDNN-packed weights.
+
+    OMP_NUM_THREADS=1 python benchmarks/packed_linear.py [--model FOLDER] [--rows 1,2,3,4,6,8,16]
+
+First the bare linear layers of a few weight shapes (the LM heads and MLPs of SmolLM2-135M and
+whisper-base, the bundled target's), then, with ``--model``, the model's forward over n new tokens
+after a 100-token prompt, its cache copied fresh for every call: torch's path, and specdec's
+packed steps (``core/packed_linear.py``). Medians of ``--repeats`` calls, in ms; the ratio is
+packed / torch. Speculation pays on a CPU only where a block of k + 1 tokens costs about one token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from specdec.core.packed_linear import MIN_WEIGHT, available, packed_steps, packed_weight  # noqa: E402
+
+SHAPES = [(49152, 576), (51865, 512), (4096, 512), (1536, 576), (2048, 512), (1024, 512), (576, 576)]
+
+
+def median_ms(call, repeats: int) -> float:
+    for _ in range(3):
+        call()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default=None, help="a causal LM folder: time its forward too")
+    parser.add_argument("--rows", default="1,2,3,4,6,8,16")
+    parser.add_argument("--repeats", type=int, default=20)
+    args = parser.parse_args()
+    if not available():
+        sys.exit("this torch has no oneDNN linear ops: nothing to compare")
+    rows = [int(n) for n in args.rows.split(",")]
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s)")
+    print("| weight | packed? | " + " | ".join(f"{n} rows" for n in rows) + " |")
+    print("|---|---|" + "---|" * len(rows))
+    with torch.no_grad():
+        for out_features, in_features in SHAPES:
+            weight = torch.randn(out_features, in_features)
+            packed = packed_weight(weight)
+            cells = []
+            for n in rows:
+                x = torch.randn(n, in_features)
+                plain = median_ms(lambda: F.linear(x, weight), args.repeats)
+                fast = median_ms(lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""), args.repeats)
+                cells.append(f"{plain:.3f} / {fast:.3f} ({fast / plain:.2f})")
+            chosen = "yes" if weight.numel() >= MIN_WEIGHT else "no (small)"
+            print(f"| {out_features} x {in_features} | {chosen} | " + " | ".join(cells) + " |")
+        if args.model:
+            from transformers import AutoModelForCausalLM
+
+            model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+            prompt = torch.randint(0, model.config.vocab_size, (1, 100))
+            cache = model(prompt, use_cache=True).past_key_values
+            print(f"\n{args.model}: forward over n tokens after a 100-token prompt, torch / packed ms (ratio)")
+            cells = []
+            for n in rows:
+                x = torch.randint(0, model.config.vocab_size, (1, n))
+                times = {}
+                for packed in (False, True):
+                    def call():
+                        fresh = copy.deepcopy(cache)
+                        with packed_steps(model, n) if packed else torch.no_grad():
+                            model(x, past_key_values=fresh, use_cache=True, logits_to_keep=n)
+                    times[packed] = median_ms(call, max(args.repeats // 2, 5))
+                cells.append(f"{n}: {times[False]:.1f} / {times[True]:.1f} ({times[True] / times[False]:.2f})")
+            print("\n".join(cells))
+
+
+if __name__ == "__main__":
+    main()

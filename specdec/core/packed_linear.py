@@ -1,0 +1,106 @@
+"""Multi-token steps on a CPU through oneDNN with prepacked weights.
+
+Speculation rests on one premise: a forward over k + 1 tokens costs about what a forward over one
+token costs, because a decoding step is bound by reading the weights, not by the arithmetic. On a
+CPU, torch computes a float32 linear layer with MKL's sgemm, which keeps that promise up to three
+rows and breaks it from four on: it then repacks the whole weight at every call. Measured on this
+project's 2-vCPU Xeon (one thread; ``python benchmarks/packed_linear.py``), SmolLM2-135M's
+49152 x 576 LM head takes 12.1 ms for 4 rows and 20.0 ms for 8 where oneDNN's matmul over the same
+weight reordered once into its blocked layout takes 0.58x and 0.42x of that; what Inductor does for
+CPU inference with ``freezing`` on, and what vLLM's CPU backend does for every linear layer.
+
+``packed_steps(model, rows)`` runs, for one forward over ``rows`` tokens (batch x block), every
+``nn.Linear`` of ``model`` whose weight has at least ``MIN_WEIGHT`` elements on its packed weight,
+when ``rows >= MIN_ROWS``. Smaller weights stay on torch's path: there oneDNN's fixed cost per
+call is more than sgemm's repacking saves (a 576 x 576 weight: 1.1-1.3x slower at 4-8 rows). The
+layers are switched for that forward only (an instance ``forward`` set and removed around it), so
+the model is unchanged outside specdec's steps: its ``generate``, the prefill and every plain
+step run as before. A weight is packed at its first packed call, kept while the weight lives, and
+packed again if it was changed in place; each packed weight costs its size in memory once more
+(only layers a multi-token step reaches: a Whisper target's encoder is never packed).
+
+Rounding: the packed matmul adds its products in another order than sgemm, as sgemm already does
+between a 1-row and a 4-row call; the logits differ in the last bits, as a verify's already differ
+from ``generate``'s one-token steps. Greedy outputs are checked identical on the real models
+(``docs/benchmarks.md``); float64 models, where exactness is proven bit for bit, are never packed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import weakref
+
+import torch
+import torch.nn.functional as F
+from torch.utils.weak import WeakIdKeyDictionary
+
+# From this many rows (tokens x batch) MKL's sgemm repacks the weight at every call (measured above);
+# below it torch's own path is as fast as the packed one or faster.
+MIN_ROWS = 4
+# Weights smaller than this (2 MB in float32) stay on torch's path (see above).
+MIN_WEIGHT = 1 << 19
+
+_PACKED: WeakIdKeyDictionary = WeakIdKeyDictionary()  # weight -> (its _version when packed, packed weight)
+_LINEARS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> the nn.Linear modules worth packing
+
+
+def available() -> bool:
+    """Whether this torch can run linear layers on oneDNN-packed weights (CPU builds with mkldnn)."""
+    ops = torch.ops.mkldnn
+    return (torch.backends.mkldnn.is_available() and hasattr(ops, "_linear_pointwise")
+            and hasattr(ops, "_reorder_linear_weight"))
+
+
+def applies_to(model: torch.nn.Module) -> bool:
+    """Whether packing can serve ``model``: float32 weights on the CPU, a torch with oneDNN."""
+    parameter = next(model.parameters(), None)
+    return (parameter is not None and parameter.device.type == "cpu" and parameter.dtype == torch.float32
+            and available())
+
+
+@contextlib.contextmanager
+def packed_steps(model: torch.nn.Module, rows: int):
+    """Within it, ``model``'s large linear layers read packed weights (a no-op below ``MIN_ROWS``)."""
+    if rows < MIN_ROWS:
+        yield
+        return
+    linears = _linears(model)
+    for module in linears:
+        module.forward = functools.partial(_packed_forward, module)
+    try:
+        yield
+    finally:
+        for module in linears:
+            module.__dict__.pop("forward", None)
+
+
+def packed_weight(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` [out, in] reordered for oneDNN's matmul; made once, again if the weight changed."""
+    known = _PACKED.get(weight)
+    if known is not None and known[0] == weight._version:
+        return known[1]
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+    _PACKED[weight] = (weight._version, packed)
+    return packed
+
+
+def _linears(model: torch.nn.Module) -> list[torch.nn.Linear]:
+    linears = _LINEARS.get(model)
+    if linears is None:
+        # Exactly nn.Linear with no forward of its own set by someone else (accelerate's offload hooks
+        # replace it): a subclass or a wrapped layer may compute something else.
+        linears = [module for module in model.modules()
+                   if type(module) is torch.nn.Linear and "forward" not in module.__dict__
+                   and module.weight.dtype == torch.float32 and module.weight.device.type == "cpu"
+                   and module.weight.numel() >= MIN_WEIGHT]
+        _LINEARS[model] = linears
+    return linears
+
+
+def _packed_forward(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    if x.dtype != torch.float32 or x.dim() < 2 or x.numel() < MIN_ROWS * x.shape[-1] or torch.is_grad_enabled():
+        return F.linear(x, module.weight, module.bias)
+    out = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), packed_weight(module.weight), module.bias,
+                                             "none", [], "")
+    return out.reshape(*x.shape[:-1], module.weight.shape[0])

@@ -1,0 +1,150 @@
+"""Multi-token steps on oneDNN-packed weights (``core/packed_linear.py``): the packed layer computes
+the linear layer, only inside specdec's multi-token steps, the model is unchanged outside them, and
+decoding stays exact."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import GenerationMixin
+
+from specdec import ConfigError, SpeculativeDecoder
+from specdec.config import SpecdecConfig
+from specdec.core import packed_linear
+from specdec.drafters import SharedEncoderDrafter
+from specdec.policies import ConstantLookahead
+
+from .test_pair import PAIR, needs_pair
+from .tiny_whisper import NO_TIMESTAMPS, SOT, TRANSCRIBE, decoder_of, features, tiny_whisper
+
+pytestmark = pytest.mark.skipif(not packed_linear.available(), reason="this torch has no oneDNN")
+
+
+def linear(out_features=1024, in_features=512, bias=True, dtype=torch.float32) -> torch.nn.Linear:
+    torch.manual_seed(0)
+    return torch.nn.Linear(in_features, out_features, bias=bias, dtype=dtype).eval()
+
+
+class PackCounter:
+    """Counts the weights the packed path asked for (``packed_weight``), by identity."""
+
+    def __init__(self, monkeypatch):
+        self.weights = []
+        original = packed_linear.packed_weight
+
+        def counting(weight):
+            self.weights.append(weight)
+            return original(weight)
+
+        monkeypatch.setattr(packed_linear, "packed_weight", counting)
+
+    def packed(self, weight) -> int:
+        return sum(w is weight for w in self.weights)
+
+
+@torch.no_grad()
+def test_packed_layer_computes_the_linear_layer_and_is_removed_after(monkeypatch):
+    counter = PackCounter(monkeypatch)
+    layer = linear()
+    x = torch.randn(2, 3, 512)  # 6 rows
+    with packed_linear.packed_steps(layer, rows=6):
+        assert "forward" in layer.__dict__
+        packed = layer(x)
+    assert counter.packed(layer.weight) == 1
+    torch.testing.assert_close(packed, F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+    assert "forward" not in layer.__dict__  # the layer is nn.Linear's own again
+    assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
+
+
+@torch.no_grad()
+def test_what_stays_on_torchs_path(monkeypatch):
+    counter = PackCounter(monkeypatch)
+    layer, small = linear(), linear(256, 512)
+    model = torch.nn.Sequential(layer, torch.nn.ReLU(), linear(512, 1024), small)
+    few = torch.randn(3, 512)
+    with packed_linear.packed_steps(model, rows=3):  # fewer than MIN_ROWS: nothing switched
+        assert "forward" not in layer.__dict__
+        assert torch.equal(model(few), model[3](model[2](model[1](F.linear(few, layer.weight, layer.bias)))))
+    with packed_linear.packed_steps(model, rows=4):
+        model(torch.randn(4, 512))
+        assert torch.equal(layer(few), F.linear(few, layer.weight, layer.bias))  # a 3-row call inside
+    assert counter.packed(layer.weight) == 1 and counter.packed(small.weight) == 0  # 256 x 512 is too small
+    assert not packed_linear.applies_to(linear(dtype=torch.float64))
+    assert packed_linear.applies_to(layer)
+
+
+@torch.no_grad()
+def test_a_weight_changed_in_place_is_packed_again():
+    layer = linear()
+    x = torch.randn(5, 512)
+    with packed_linear.packed_steps(layer, rows=5):
+        layer(x)
+        layer.weight.mul_(2.0)
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+
+
+@needs_pair
+def test_the_bundled_pair_verifies_on_packed_weights_and_equals_generate(monkeypatch):
+    """The bundled pair in float32 (its MLP and LM head weights are large enough to pack): verify
+    blocks run on packed weights, the output is generate's at batch 1 and 4, and the target's own
+    generate is bit for bit what it was."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(PAIR, local_files_only=True, padding_side="left")
+    target = AutoModelForCausalLM.from_pretrained(PAIR / "target", dtype=torch.float32, local_files_only=True).eval()
+    prompts = ["def fibonacci(n):\n", "import os\n\n\ndef main(", "class Stack:\n    def push(self, item):\n",
+               "    for i in range(10):\n"]
+    batch = tokenizer(prompts, return_tensors="pt", padding=True)
+    reference = target.generate(**batch, max_new_tokens=24, do_sample=False, output_scores=True,
+                                return_dict_in_generate=True)
+    config = SpecdecConfig.from_toml(REPO_TOML)
+    for packed in (True, False):
+        counter = PackCounter(monkeypatch)
+        decoder = SpeculativeDecoder.from_config(config, target=target)
+        decoder.packed_weights = packed
+        for rows in (slice(0, 1), slice(0, 4)):
+            inputs = {name: value[rows] for name, value in batch.items()}
+            expected = target.generate(**inputs, max_new_tokens=24, do_sample=False)
+            out = decoder.generate(**inputs, max_new_tokens=24)
+            assert torch.equal(out.sequences, expected[:, : out.sequences.shape[1]])
+        assert (counter.packed(target.lm_head.weight) > 0) is packed
+    again = target.generate(**batch, max_new_tokens=24, do_sample=False, output_scores=True,
+                            return_dict_in_generate=True)
+    assert torch.equal(again.sequences, reference.sequences)
+    assert all(torch.equal(a, b) for a, b in zip(again.scores, reference.scores))
+
+
+REPO_TOML = PAIR.parent.parent / "plugins.toml"
+
+
+@torch.no_grad()
+def test_whisper_decoder_steps_pack_and_stay_exact(monkeypatch):
+    """An encoder-decoder target in float32 with every weight packed (MIN_WEIGHT lowered for the tiny
+    model): the decoder's multi-token steps and the shared-encoder draft's batched steps use packed
+    weights, the encoder never does, and the transcript is generate's."""
+    monkeypatch.setattr(packed_linear, "MIN_WEIGHT", 0)
+    counter = PackCounter(monkeypatch)
+    target = tiny_whisper(seed=0).float()
+    drafter = SharedEncoderDrafter(model=decoder_of(target))
+    x = features(4, seed=11).float()
+    prompt = torch.tensor([[SOT, 258, TRANSCRIBE, NO_TIMESTAMPS]] * 4)
+    reference = GenerationMixin.generate(target, x, decoder_input_ids=prompt, max_new_tokens=16)
+    decoder = SpeculativeDecoder(target=target, drafter=drafter, policy=ConstantLookahead(k=3))
+    out = decoder.generate(prompt, input_features=x, max_new_tokens=16)
+    assert torch.equal(out.sequences, reference)
+    assert counter.packed(target.proj_out.weight) > 0
+    encoder_weights = {id(p) for p in target.get_encoder().parameters()}
+    assert not any(id(w) in encoder_weights for w in counter.weights)
+
+
+def test_packed_weights_is_checked(tmp_path):
+    with pytest.raises(ConfigError, match="packed_weights must be True or False, got 'yes'"):
+        SpeculativeDecoder(target=tiny_whisper(seed=0), drafter=SharedEncoderDrafter(model=decoder_of(tiny_whisper(seed=0))),
+                           packed_weights="yes")
+    toml = tmp_path / "plugins.toml"
+    toml.write_text(f'[target]\nmodel = "{PAIR / "target"}"\npacked_weights = "no"\n\n[drafter]\nuse = "ngram"\n')
+    with pytest.raises(ConfigError, match=r"plugins.toml: \[target\] packed_weights must be true or false, got 'no'"):
+        SpecdecConfig.from_toml(toml)
+    toml.write_text(f'[target]\nmodel = "{PAIR / "target"}"\npacked_weights = false\n\n[drafter]\nuse = "ngram"\n')
+    assert SpecdecConfig.from_toml(toml).packed_weights is False
