@@ -36,3 +36,8 @@ class IncompatibleModelsError(ConfigError):
 class RereadWarning(UserWarning):
     """A model is decoded exactly but slowly: its cache cannot hold the holes of rejected drafts,
     so specdec re-reads each row's whole sequence at every forward."""
+
+
+class PackingWarning(UserWarning):
+    """A model's multi-token steps run on torch's own linear path, not on packed weights, because
+    the packed copy would not fit in the memory left (``core/packed_linear.py``)."""

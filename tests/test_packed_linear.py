@@ -13,6 +13,7 @@ from specdec import ConfigError, SpeculativeDecoder
 from specdec.config import SpecdecConfig
 from specdec.core import packed_linear
 from specdec.drafters import SharedEncoderDrafter
+from specdec.errors import PackingWarning
 from specdec.policies import ConstantLookahead
 
 from .test_pair import PAIR, needs_pair
@@ -21,7 +22,7 @@ from .tiny_whisper import NO_TIMESTAMPS, SOT, TRANSCRIBE, decoder_of, features, 
 pytestmark = pytest.mark.skipif(not packed_linear.available(), reason="this torch has no oneDNN")
 
 
-def linear(out_features=1024, in_features=512, bias=True, dtype=torch.float32) -> torch.nn.Linear:
+def linear(out_features=2048, in_features=512, bias=True, dtype=torch.float32) -> torch.nn.Linear:
     torch.manual_seed(0)
     return torch.nn.Linear(in_features, out_features, bias=bias, dtype=dtype).eval()
 
@@ -61,7 +62,7 @@ def test_packed_layer_computes_the_linear_layer_and_is_removed_after(monkeypatch
 def test_what_stays_on_torchs_path(monkeypatch):
     counter = PackCounter(monkeypatch)
     layer, small = linear(), linear(256, 512)
-    model = torch.nn.Sequential(layer, torch.nn.ReLU(), linear(512, 1024), small)
+    model = torch.nn.Sequential(layer, torch.nn.ReLU(), linear(512, 2048), small)
     few = torch.randn(3, 512)
     with packed_linear.packed_steps(model, rows=3):  # fewer than MIN_ROWS: nothing switched
         assert "forward" not in layer.__dict__
@@ -84,9 +85,22 @@ def test_a_weight_changed_in_place_is_packed_again():
         torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
 
 
+@torch.no_grad()
+def test_a_model_too_big_for_the_memory_left_is_not_packed(monkeypatch):
+    counter = PackCounter(monkeypatch)
+    layer = linear()  # 4 MiB of weight
+    monkeypatch.setattr(packed_linear, "free_memory", lambda: 3 * 2**20)
+    x = torch.randn(8, 512)
+    with pytest.warns(PackingWarning, match=r"Linear's multi-token steps stay on torch's linear path: its packed "
+                                            r"weights \(0.00 GiB\) would take more than half of the 0.00 GiB"):
+        with packed_linear.packed_steps(layer, rows=8):
+            out = layer(x)
+    assert counter.packed(layer.weight) == 0 and torch.equal(out, F.linear(x, layer.weight, layer.bias))
+
+
 @needs_pair
 def test_the_bundled_pair_verifies_on_packed_weights_and_equals_generate(monkeypatch):
-    """The bundled pair in float32 (its MLP and LM head weights are large enough to pack): verify
+    """The bundled pair in float32 (its LM head's weight is large enough to pack): verify
     blocks run on packed weights, the output is generate's at batch 1 and 4, and the target's own
     generate is bit for bit what it was."""
     from transformers import AutoModelForCausalLM, AutoTokenizer

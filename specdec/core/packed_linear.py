@@ -12,12 +12,15 @@ CPU inference with ``freezing`` on, and what vLLM's CPU backend does for every l
 ``packed_steps(model, rows)`` runs, for one forward over ``rows`` tokens (batch x block), every
 ``nn.Linear`` of ``model`` whose weight has at least ``MIN_WEIGHT`` elements on its packed weight,
 when ``rows >= MIN_ROWS``. Smaller weights stay on torch's path: there oneDNN's fixed cost per
-call is more than sgemm's repacking saves (a 576 x 576 weight: 1.1-1.3x slower at 4-8 rows). The
+call is more than sgemm's repacking saves (a 576 x 576 weight: 1.3-1.4x slower at 4-8 rows). The
 layers are switched for that forward only (an instance ``forward`` set and removed around it), so
 the model is unchanged outside specdec's steps: its ``generate``, the prefill and every plain
 step run as before. A weight is packed at its first packed call, kept while the weight lives, and
 packed again if it was changed in place; each packed weight costs its size in memory once more
-(only layers a multi-token step reaches: a Whisper target's encoder is never packed).
+(only layers a multi-token step reaches: a Whisper target's encoder is never packed): SmolLM2-135M
++412 MiB (+80%), whisper-base's decoder +149 MiB (+54% of the model). A model whose packed copy
+would take more than half of the memory left is not packed, with a ``PackingWarning``. Only torch
+builds whose linear layers run on MKL (x86) pack: the step measured above is MKL's.
 
 Rounding: the packed matmul adds its products in another order than sgemm, as sgemm already does
 between a 1-row and a 4-row call; the logits differ in the last bits, as a verify's already differ
@@ -29,27 +32,33 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
+import warnings
 import weakref
 
 import torch
 import torch.nn.functional as F
+
+from ..errors import PackingWarning
 from torch.utils.weak import WeakIdKeyDictionary
 
 # From this many rows (tokens x batch) MKL's sgemm repacks the weight at every call (measured above);
 # below it torch's own path is as fast as the packed one or faster.
 MIN_ROWS = 4
-# Weights smaller than this (2 MB in float32) stay on torch's path (see above).
-MIN_WEIGHT = 1 << 19
+# Weights smaller than this (3 MiB in float32) stay on torch's path: a 1024 x 512 weight gains 1-11% at
+# 4-8 rows for its 2 MiB copy, a 576 x 576 one loses (benchmarks/packed_linear.py).
+MIN_WEIGHT = 3 << 18
 
 _PACKED: WeakIdKeyDictionary = WeakIdKeyDictionary()  # weight -> (its _version when packed, packed weight)
 _LINEARS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> the nn.Linear modules worth packing
 
 
 def available() -> bool:
-    """Whether this torch can run linear layers on oneDNN-packed weights (CPU builds with mkldnn)."""
+    """Whether this torch computes linear layers with MKL (the sgemm measured above) and can run them
+    on oneDNN-packed weights instead (x86 CPU builds)."""
     ops = torch.ops.mkldnn
-    return (torch.backends.mkldnn.is_available() and hasattr(ops, "_linear_pointwise")
-            and hasattr(ops, "_reorder_linear_weight"))
+    return (torch.backends.mkl.is_available() and torch.backends.mkldnn.is_available()
+            and hasattr(ops, "_linear_pointwise") and hasattr(ops, "_reorder_linear_weight"))
 
 
 def applies_to(model: torch.nn.Module) -> bool:
@@ -94,8 +103,24 @@ def _linears(model: torch.nn.Module) -> list[torch.nn.Linear]:
                    if type(module) is torch.nn.Linear and "forward" not in module.__dict__
                    and module.weight.dtype == torch.float32 and module.weight.device.type == "cpu"
                    and module.weight.numel() >= MIN_WEIGHT]
+        need = sum(module.weight.numel() * module.weight.element_size() for module in linears)
+        free = free_memory()
+        if free is not None and need > free // 2:
+            warnings.warn(
+                f"specdec: {type(model).__name__}'s multi-token steps stay on torch's linear path: its packed weights "
+                f"({need / 2**30:.2f} GiB) would take more than half of the {free / 2**30:.2f} GiB of memory left "
+                "(packed_weights = false silences this)", PackingWarning, stacklevel=2)
+            linears = []
         _LINEARS[model] = linears
     return linears
+
+
+def free_memory() -> int | None:
+    """Bytes of physical memory available now (None where the system does not say)."""
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
 
 
 def _packed_forward(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
