@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from contextlib import nullcontext
 from typing import Callable
 
 import attrs
@@ -41,6 +42,7 @@ from transformers import DynamicCache
 
 from .config import SpecdecConfig
 from .core.models import cache_argument
+from .core.packed_linear import MIN_ROWS, applies_to, packed_layers, packed_steps
 from .core.types import token_id_list
 from .decoding import SpeculativeDecoder
 
@@ -109,36 +111,40 @@ def forward_cost(model, batch_size: int, context: int, repeats: int = 20) -> flo
 
 
 @torch.no_grad()
-def block_cost(model, batch_size: int, context: int, width: int, repeats: int = 20) -> float:
+def block_cost(model, batch_size: int, context: int, width: int, repeats: int = 20, packed: bool = False) -> float:
     """Seconds for one forward of ``width`` new tokens per row with ``context`` tokens cached (a
-    verify of ``width - 1`` drafts), the logits of all of them kept."""
+    verify of ``width - 1`` drafts), the logits of all of them kept; with ``packed``, as specdec runs
+    it on packed weights (``core/packed_linear.py``)."""
     ids = torch.randint(3, model.config.vocab_size, (batch_size, context + width), device=model.device)
     cache = DynamicCache()
     model(input_ids=ids[:, :context], use_cache=True, logits_to_keep=1, **{cache_argument(model): cache})
     block = ids[:, context:]
     times = []
     for _ in range(repeats):
-        start = time.perf_counter()
-        model(input_ids=block, use_cache=True, logits_to_keep=width, **{cache_argument(model): cache})
-        times.append(time.perf_counter() - start)
+        with packed_steps(model, block.numel()) if packed else nullcontext():
+            start = time.perf_counter()
+            model(input_ids=block, use_cache=True, logits_to_keep=width, **{cache_argument(model): cache})
+            times.append(time.perf_counter() - start)
         cache.crop(-width)
     return statistics.median(times)
 
 
-def verify_cost(model, batch_size: int, k: float, context: int = 128, measured: dict | None = None) -> float:
-    """v at a mean lookahead ``k``: a (k + 1)-token forward over a one-token one, linear between the
-    widths either side of k + 1 (``measured``, width -> seconds, keeps the timings for reuse)."""
+def verify_cost(model, batch_size: int, k: float, context: int = 128, measured: dict | None = None,
+                packed: bool = False) -> float:
+    """v at a mean lookahead ``k``: a (k + 1)-token forward (on packed weights with ``packed``) over
+    ``generate``'s one-token one, linear between the widths either side of k + 1 (``measured``,
+    (width, packed) -> seconds, keeps the timings for reuse)."""
     measured = {} if measured is None else measured
 
-    def seconds(width: int) -> float:
-        if width not in measured:
-            measured[width] = block_cost(model, batch_size, context, width)
-        return measured[width]
+    def seconds(width: int, packed: bool) -> float:
+        if (width, packed) not in measured:
+            measured[width, packed] = block_cost(model, batch_size, context, width, packed=packed)
+        return measured[width, packed]
 
     low = int(k)
     share = k - low
-    blended = (1 - share) * seconds(low + 1) + (share * seconds(low + 2) if share else 0.0)
-    return blended / seconds(1)
+    blended = (1 - share) * seconds(low + 1, packed) + (share * seconds(low + 2, packed) if share else 0.0)
+    return blended / seconds(1, False)
 
 
 def _new_token_rows(sequences: torch.Tensor, prompt_width: int, eos: list[int]) -> list[list[int]]:
@@ -183,6 +189,11 @@ def interleave(contenders: list[_Contender], repeats: int, warmup: int, on_progr
         for contender in contenders[shift:] + contenders[:shift]:
             on_progress(f"repeat {repeat + 1}/{repeats}: {contender.label}")
             contender.time_once()
+
+
+def _identical(rows: list[list[int]], reference: list[list[int]]) -> float:
+    """The share of ``rows`` equal to the target's own."""
+    return sum(r == b for r, b in zip(rows, reference)) / len(reference) if reference else 1.0
 
 
 def _spread(values: list[float]) -> tuple[float, float, float]:
@@ -230,6 +241,17 @@ def run_bench(
 
         base = _Contender("target alone", target_alone)
         contenders = [base]
+        packed_base = None
+        if (batch_size >= MIN_ROWS and any(d.packed_weights for d in decoders.values()) and applies_to(target)
+                and packed_layers(target)):
+            # specdec's steps of 4+ rows read packed weights, and a batch's plain steps are such steps:
+            # generate on the same packed layers is the baseline that tells the kernel from the speculation.
+            def target_packed():
+                with packed_steps(target, MIN_ROWS):
+                    return target_alone()
+
+            packed_base = _Contender("target alone, packed weights", target_packed)
+            contenders.append(packed_base)
         assisted_of: dict[tuple[str, str], _Contender] = {}
         for (drafter, policy), decoder in decoders.items() if assisted else ():
             k = getattr(decoder.policy, "k", getattr(decoder.policy, "initial", 5))
@@ -279,6 +301,15 @@ def run_bench(
         b = summary(base)
         results.append(BenchRow(batch_size, base.label, b["seconds"], b["new_tokens"], b["tokens_per_s"], 1.0,
                                 seconds_min=b["seconds_min"], seconds_max=b["seconds_max"], repeats=b["repeats"]))
+        if packed_base is not None:
+            p = summary(packed_base)
+            speedup, low, high = _spread(p["paired"])
+            identical = None if sampling else _identical(packed_base.rows, base.rows)
+            results.append(BenchRow(batch_size, packed_base.label, p["seconds"], p["new_tokens"], p["tokens_per_s"], speedup,
+                                    note="generate on specdec's packed layers", seconds_min=p["seconds_min"],
+                                    seconds_max=p["seconds_max"], speedup_min=low, speedup_max=high,
+                                    identical_rows=identical, exact=None if identical is None else identical == 1.0,
+                                    rows=len(packed_base.rows), repeats=p["repeats"]))
         note = "" if batch_size == 1 else "row by row: transformers refuses batch > 1"
         for contender in assisted_of.values():
             a = summary(contender)
@@ -305,15 +336,13 @@ def run_bench(
                 c = 0.0
             alpha = solve_alpha(tau, k_mean)
             ideal = tau / (k_mean * c + 1) if row_steps else None
-            v = verify_cost(target, batch_size, k_mean, measured=blocks) if row_steps else None
+            packed = decoder.packed_weights and applies_to(target)
+            v = verify_cost(target, batch_size, k_mean, measured=blocks, packed=packed) if row_steps else None
             ceiling = ceiling_speedup(tau, k_mean, c, v) if row_steps else None
             speedup, low, high = _spread(s["paired"])
             hf = assisted_of.get((drafter, policy))
             vs_hf = statistics.median([r / h for r, h in zip(contender.rates(), hf.rates())]) if hf else None
-            identical = None
-            if not sampling:
-                same = sum(r == b_row for r, b_row in zip(contender.rows, base.rows))
-                identical = same / len(base.rows) if base.rows else 1.0
+            identical = None if sampling else _identical(contender.rows, base.rows)
             results.append(
                 BenchRow(
                     batch_size, contender.label, s["seconds"], s["new_tokens"], s["tokens_per_s"],

@@ -157,6 +157,29 @@ class TestBench:
         refused = runner.invoke(app, [*common, "--top-k", "5"])
         assert refused.exit_code == 2 and "--top-k needs sampling" in refused.stderr
 
+    def test_bench_shows_generate_on_packed_weights_where_specdec_packs(self, pair, tmp_path, monkeypatch):
+        """From batch 4 specdec's plain steps read packed weights too: the bench times generate on
+        the same packed layers beside the target alone (every layer of the tiny pair packed here),
+        and leaves it out when the config turns packing off."""
+        from specdec.core import packed_linear
+
+        monkeypatch.setattr(packed_linear, "MIN_WEIGHT", 0)
+        out = tmp_path / "bench.json"
+        common = ["bench", "--batch-sizes", "1,4", "--num-prompts", "4", "--max-new-tokens", "6", "--repeats", "1",
+                  "--warmup", "0", "--no-assisted", "--out", str(out)]
+        result = runner.invoke(app, [*common, "-c", str(pair)])
+        assert result.exit_code == 0, result.output
+        rows = json.loads(out.read_text())["results"]
+        assert [(r["batch_size"], r["method"]) for r in rows] == [
+            (1, "target alone"), (1, "specdec (model, constant)"),
+            (4, "target alone"), (4, "target alone, packed weights"), (4, "specdec (model, constant)")]
+        assert rows[3]["exact"] and rows[3]["note"] == "generate on specdec's packed layers" and rows[4]["exact"]
+        unpacked = pair.parent / "unpacked.toml"
+        unpacked.write_text(pair.read_text().replace('dtype = "float32"', 'dtype = "float32"\npacked_weights = false'))
+        result = runner.invoke(app, [*common, "-c", str(unpacked)])
+        assert result.exit_code == 0, result.output
+        assert "packed" not in " ".join(r["method"] for r in json.loads(out.read_text())["results"])
+
     def test_static_cache_bench_is_exact(self, pair, tmp_path):
         out = tmp_path / "bench.json"
         result = runner.invoke(

@@ -74,7 +74,7 @@ def packed_steps(model: torch.nn.Module, rows: int):
     if rows < MIN_ROWS:
         yield
         return
-    linears = _linears(model)
+    linears = packed_layers(model)
     for module in linears:
         module.forward = functools.partial(_packed_forward, module)
     try:
@@ -94,7 +94,8 @@ def packed_weight(weight: torch.Tensor) -> torch.Tensor:
     return packed
 
 
-def _linears(model: torch.nn.Module) -> list[torch.nn.Linear]:
+def packed_layers(model: torch.nn.Module) -> list[torch.nn.Linear]:
+    """The ``nn.Linear`` layers of ``model`` that its multi-token steps run on packed weights."""
     linears = _LINEARS.get(model)
     if linears is None:
         # Exactly nn.Linear with no forward of its own set by someone else (accelerate's offload hooks
