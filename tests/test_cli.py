@@ -528,7 +528,9 @@ def test_ceiling_counts_the_verify_cost():
     assert ideal_speedup(1.0, 2, 0.0) == pytest.approx(3.0)
     assert ceiling_speedup(3.0, 4, 0.1, 2.0) == pytest.approx(3.0 / 2.4)
     # v interpolates between the widths either side of k + 1, from the timings it is handed
-    measured = {1: 1.0, 3: 1.5, 4: 2.5}
+    measured = {(1, False): 1.0, (3, False): 1.5, (4, False): 2.5, (1, True): 0.9, (3, True): 1.2, (4, True): 1.3}
     assert verify_cost(None, 1, 2.0, measured=measured) == pytest.approx(1.5)
     assert verify_cost(None, 1, 2.5, measured=measured) == pytest.approx(2.0)
     assert verify_cost(None, 1, 0.0, measured=measured) == pytest.approx(1.0)
+    # on packed weights: the packed block over generate's own (unpacked) one-token step
+    assert verify_cost(None, 1, 2.5, measured=measured, packed=True) == pytest.approx(1.25)
