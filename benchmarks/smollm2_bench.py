@@ -109,6 +109,8 @@ def contenders(run: str, target, head, heuristic_max: int, only=(), other_head=N
     found = {"target": plain(), "target (packed)": plain(packed=True)}
     if batch == 1:
         found["prompt lookup (10)"] = plain(prompt_lookup_num_tokens=10)
+    # specdec's plain steps only: its floor against generate (packed above batch 4, as generate packed).
+    found["specdec k=0"] = spec(NGramDrafter(max_ngram=3), ConstantLookahead(k=0))
     found["specdec ngram heuristic"] = spec(NGramDrafter(max_ngram=3), HeuristicLookahead())
     # Prompt lookup alone as the fallback's first drafter runs it: a long constant k, and cost-aware.
     found["specdec ngram>=2 k=10"] = spec(NGramDrafter(max_ngram=3, min_ngram=2), ConstantLookahead(k=10))
