@@ -12,7 +12,7 @@ from transformers import GenerationMixin
 from specdec import ConfigError, SpeculativeDecoder
 from specdec.config import SpecdecConfig
 from specdec.core import packed_linear
-from specdec.drafters import SharedEncoderDrafter
+from specdec.drafters import NGramDrafter, SharedEncoderDrafter
 from specdec.errors import PackingWarning
 from specdec.policies import ConstantLookahead
 
@@ -28,17 +28,18 @@ def linear(out_features=2048, in_features=512, bias=True, dtype=torch.float32) -
 
 
 class PackCounter:
-    """Counts the weights the packed path asked for (``packed_weight``), by identity."""
+    """Records the weight of every linear call that ran on a packed weight, by identity."""
 
     def __init__(self, monkeypatch):
         self.weights = []
-        original = packed_linear.packed_weight
+        original = packed_linear._packed_forward
 
-        def counting(weight):
-            self.weights.append(weight)
-            return original(weight)
+        def counting(module, x):
+            if x.numel() >= packed_linear.MIN_ROWS * x.shape[-1]:
+                self.weights.append(module.weight)
+            return original(module, x)
 
-        monkeypatch.setattr(packed_linear, "packed_weight", counting)
+        monkeypatch.setattr(packed_linear, "_packed_forward", counting)
 
     def packed(self, weight) -> int:
         return sum(w is weight for w in self.weights)
@@ -98,6 +99,25 @@ def test_a_model_too_big_for_the_memory_left_is_not_packed(monkeypatch):
     assert counter.packed(layer.weight) == 0 and torch.equal(out, F.linear(x, layer.weight, layer.bias))
 
 
+def test_weights_are_packed_as_a_request_begins_not_in_a_timed_step(monkeypatch):
+    """Packing SmolLM2 takes most of a second: it happens before the loop, so no policy times it as
+    a step. With plain steps only (no multi-token step at all) the weights are packed all the same;
+    a float64 model never is, and a packed layer used afterwards still equals torch's."""
+    from .conftest import tiny_llama
+
+    monkeypatch.setattr(packed_linear, "MIN_WEIGHT", 0)
+    counter = PackCounter(monkeypatch)
+    target = tiny_llama(seed=0, vocab=16)
+    prompt = torch.tensor([[3, 5, 7]])
+    out = SpeculativeDecoder(target=target, drafter=NGramDrafter(), policy=ConstantLookahead(k=0)).generate(
+        prompt, max_new_tokens=5)
+    assert torch.equal(out.sequences, target.generate(prompt, max_new_tokens=5, do_sample=False))
+    assert target.lm_head.weight in packed_linear._PACKED and not counter.weights
+    wide = tiny_llama(seed=0, vocab=16, dtype=torch.float64)
+    SpeculativeDecoder(target=wide, drafter=NGramDrafter(), policy=ConstantLookahead(k=0)).generate(prompt, max_new_tokens=2)
+    assert wide.lm_head.weight not in packed_linear._PACKED
+
+
 @needs_pair
 def test_the_bundled_pair_verifies_on_packed_weights_and_equals_generate(monkeypatch):
     """The bundled pair in float32 (its LM head's weight is large enough to pack): verify
@@ -113,7 +133,7 @@ def test_the_bundled_pair_verifies_on_packed_weights_and_equals_generate(monkeyp
     reference = target.generate(**batch, max_new_tokens=24, do_sample=False, output_scores=True,
                                 return_dict_in_generate=True)
     config = SpecdecConfig.from_toml(REPO_TOML)
-    for packed in (True, False):
+    for packed in (False, True):
         counter = PackCounter(monkeypatch)
         decoder = SpeculativeDecoder.from_config(config, target=target)
         decoder.packed_weights = packed
@@ -123,6 +143,7 @@ def test_the_bundled_pair_verifies_on_packed_weights_and_equals_generate(monkeyp
             out = decoder.generate(**inputs, max_new_tokens=24)
             assert torch.equal(out.sequences, expected[:, : out.sequences.shape[1]])
         assert (counter.packed(target.lm_head.weight) > 0) is packed
+        assert (target.lm_head.weight in packed_linear._PACKED) is packed  # packed as the request began
     again = target.generate(**batch, max_new_tokens=24, do_sample=False, output_scores=True,
                             return_dict_in_generate=True)
     assert torch.equal(again.sequences, reference.sequences)

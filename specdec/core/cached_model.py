@@ -30,7 +30,7 @@ import torch
 
 from ..errors import ConfigError
 from .cache import bucket
-from .packed_linear import applies_to
+from .packed_linear import applies_to, pack
 from .models import CausalLMRunner, RereadingRunner, Seq2SeqRunner
 
 # Free columns a static cache keeps for the next rounds; fewer, and it compacts (core/cache.py).
@@ -62,7 +62,10 @@ class CachedModel:
         """A new request: an empty cache for all its rows (none for a re-reading runner)."""
         self.slots = self.runner.new_cache(state.batch_size, static_capacity(state) if state.static_shapes else None)
         self.runner.compiled_steps = self.role in state.compile
-        self.runner.packed_steps = state.packed_weights and not self.runner.compiled_steps and applies_to(self.model)
+        self.runner.packed_steps = (state.packed_weights and not self.runner.rereads and not self.runner.compiled_steps
+                                    and applies_to(self.model))
+        if self.runner.packed_steps:
+            pack(self.model)  # now, not in the first step the policies time
         if self.slots is not None:
             self.slots.prompt_lengths = (state.prompt_width - state.padding_host).to(state.device)
         self._spec, self._spec_valid = [], []  # a re-reading runner's speculative tokens of this round

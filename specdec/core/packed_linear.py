@@ -15,10 +15,11 @@ when ``rows >= MIN_ROWS``. Smaller weights stay on torch's path: there oneDNN's 
 call is more than sgemm's repacking saves (a 576 x 576 weight: 1.3-1.4x slower at 4-8 rows). The
 layers are switched for that forward only (an instance ``forward`` set and removed around it), so
 the model is unchanged outside specdec's steps: its ``generate``, the prefill and every plain
-step run as before. A weight is packed at its first packed call, kept while the weight lives, and
-packed again if it was changed in place; each packed weight costs its size in memory once more
-(only layers a multi-token step reaches: a Whisper target's encoder is never packed): SmolLM2-135M
-+412 MiB (+80%), whisper-base's decoder +149 MiB (+54% of the model). A model whose packed copy
+step run as before. A model's layers are packed as a request begins (``pack``), kept while the
+weights live, and packed again at their next packed call if they were changed in place. Each
+packed weight costs its size in memory once more (an encoder-decoder model's encoder, which no step
+runs, is left out): SmolLM2-135M +412 MiB (+80%), whisper-base's decoder +149 MiB (+54% of the
+model). A model whose packed copy
 would take more than half of the memory left is not packed, with a ``PackingWarning``. Only torch
 builds whose linear layers run on MKL (x86) pack: the step measured above is MKL's.
 
@@ -84,6 +85,15 @@ def packed_steps(model: torch.nn.Module, rows: int):
             module.__dict__.pop("forward", None)
 
 
+def pack(model: torch.nn.Module) -> None:
+    """Pack every layer ``packed_steps`` would switch, now (a no-op for layers already packed).
+    specdec calls it as a request begins: packing takes time (850 ms for SmolLM2-135M's 91 layers
+    here), which would otherwise land in the first multi-token step, where the cost-aware policies
+    would take it for what a verify costs."""
+    for module in packed_layers(model):
+        packed_weight(module.weight)
+
+
 def packed_weight(weight: torch.Tensor) -> torch.Tensor:
     """``weight`` [out, in] reordered for oneDNN's matmul; made once, again if the weight changed."""
     known = _PACKED.get(weight)
@@ -100,8 +110,10 @@ def packed_layers(model: torch.nn.Module) -> list[torch.nn.Linear]:
     if linears is None:
         # Exactly nn.Linear with no forward of its own set by someone else (accelerate's offload hooks
         # replace it): a subclass or a wrapped layer may compute something else.
+        encoder = model.get_encoder() if getattr(getattr(model, "config", None), "is_encoder_decoder", False) else None
+        skipped = {id(module) for module in encoder.modules()} if encoder is not None else set()
         linears = [module for module in model.modules()
-                   if type(module) is torch.nn.Linear and "forward" not in module.__dict__
+                   if type(module) is torch.nn.Linear and id(module) not in skipped and "forward" not in module.__dict__
                    and module.weight.dtype == torch.float32 and module.weight.device.type == "cpu"
                    and module.weight.numel() >= MIN_WEIGHT]
         need = sum(module.weight.numel() * module.weight.element_size() for module in linears)
