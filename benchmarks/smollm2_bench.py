@@ -30,6 +30,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from specdec import SpeculativeDecoder  # noqa: E402
 from specdec.core.components import Observer  # noqa: E402
+from specdec.core import state as state_module  # noqa: E402
 from specdec.core.models import cache_argument  # noqa: E402
 from specdec.core.packed_linear import MIN_ROWS, packed_steps  # noqa: E402
 from specdec.drafters import FallbackDrafter, HiddenStateDrafter, HiddenStateHead, NGramDrafter  # noqa: E402
@@ -97,12 +98,19 @@ def contenders(run: str, target, head, heuristic_max: int, only=(), other_head=N
                 return target.generate(**inputs, **kwargs, **extra), None
         return go
 
-    def spec(drafter, policy, packed=True):
+    def spec(drafter, policy, packed=True, sorted_top_p=False):
         decoder = SpeculativeDecoder(target=target, drafter=drafter, policy=policy, verifier=verifier,
                                      observers=[observer], packed_weights=packed)
 
         def go(inputs, kwargs):
-            out = decoder.generate(**inputs, **kwargs)
+            # sorted_top_p: top-p through transformers' warper (a sort of the vocabulary per position),
+            # not specdec's nucleus read from the top candidates (core/state.py, _NucleusTopP).
+            candidates = state_module.NUCLEUS_CANDIDATES
+            state_module.NUCLEUS_CANDIDATES = 0 if sorted_top_p else candidates
+            try:
+                out = decoder.generate(**inputs, **kwargs)
+            finally:
+                state_module.NUCLEUS_CANDIDATES = candidates
             return out.sequences, observer.take()
         return go
 
@@ -152,6 +160,10 @@ def contenders(run: str, target, head, heuristic_max: int, only=(), other_head=N
     found["specdec ngram>=2 else hidden_state draft-confidence auto (unpacked)"] = spec(
         FallbackDrafter(NGramDrafter(max_ngram=3, min_ngram=2), HiddenStateDrafter(head), then_max_tokens=2),
         DraftConfidenceLookahead(threshold="auto", max_tokens=10), packed=False)
+    found["specdec ngram>=2 else hidden_state cost-aware (sorted top-p)"] = spec(
+        FallbackDrafter(NGramDrafter(max_ngram=3, min_ngram=2), HiddenStateDrafter(head), then_max_tokens=2),
+        CostAwareLookahead(), sorted_top_p=True)
+    found["specdec k=0 (sorted top-p)"] = spec(NGramDrafter(max_ngram=3), ConstantLookahead(k=0), sorted_top_p=True)
     # The head drafting up to 3 tokens behind prompt lookup, now that a 4-token verify costs less.
     found["specdec ngram>=2 else hidden_state cost-aware then 3"] = spec(
         FallbackDrafter(NGramDrafter(max_ngram=3, min_ngram=2), HiddenStateDrafter(head), then_max_tokens=3),

@@ -319,3 +319,31 @@ class TestRejectionDecoding:
         decoder = speculative(target64, NGramDrafter(), GreedyVerifier())
         with pytest.raises(ConfigError, match="rejection"):
             decoder.generate(torch.tensor([[1, 2]]), max_new_tokens=2, do_sample=True)
+
+
+@pytest.mark.parametrize("top_p, keep", [(0.9, 1), (0.5, 1), (0.99, 5), (0.05, 1), (0.95, 3)])
+def test_nucleus_top_p_keeps_what_transformers_top_p_keeps(top_p, keep):
+    """The CPU's top-p without a sort (``state._NucleusTopP``) against transformers' own warper on a
+    SmolLM2-sized vocabulary: peaked and flat rows (flat ones reach past the candidates and go
+    through transformers' warper), rows a top-k already cut, tied scores (whose nucleus reaches past
+    the candidates). Only the CPU gets it, and only for 0 < top_p < 1."""
+    from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
+
+    from specdec.core.state import _NucleusTopP
+
+    generator = torch.Generator().manual_seed(0)
+    rows = [torch.randn(24, 49152, generator=generator) * scale for scale in (0.3, 1.0, 2.0, 4.0, 8.0, 16.0)]
+    cut = TopKLogitsWarper(50)(None, torch.randn(24, 49152, generator=generator) * 3)
+    tied = torch.zeros(4, 49152)
+    tied[:, :10] = 5.0
+    scores = torch.cat([*rows, cut, tied])
+    warper = TopPLogitsWarper(top_p, min_tokens_to_keep=keep)
+    expected = warper(None, scores.clone())
+    out = _NucleusTopP(warper)(scores.new_empty(scores.shape[0], 0, dtype=torch.long), scores.clone())
+    assert torch.equal(torch.isinf(out), torch.isinf(expected))
+    assert torch.equal(out, expected)
+    from specdec.core.state import _prepared_processor
+
+    assert type(_prepared_processor(warper, 49152, torch.device("cpu"))) is _NucleusTopP
+    assert _prepared_processor(warper, 49152, torch.device("meta")) is warper
+    assert _prepared_processor(TopPLogitsWarper(1.0), 49152, torch.device("cpu")).__class__ is TopPLogitsWarper
