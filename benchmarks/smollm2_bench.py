@@ -32,7 +32,7 @@ from specdec import SpeculativeDecoder  # noqa: E402
 from specdec.core.components import Observer  # noqa: E402
 from specdec.core import state as state_module  # noqa: E402
 from specdec.core.models import cache_argument  # noqa: E402
-from specdec.core.packed_linear import MIN_ROWS, packed_steps  # noqa: E402
+from specdec.core.packed_linear import packed_everywhere  # noqa: E402
 from specdec.drafters import FallbackDrafter, HiddenStateDrafter, HiddenStateHead, NGramDrafter  # noqa: E402
 from specdec.policies import (ConstantLookahead, CostAwareLookahead, DraftConfidenceLookahead,  # noqa: E402
                               HeuristicLookahead)
@@ -94,7 +94,7 @@ def contenders(run: str, target, head, heuristic_max: int, only=(), other_head=N
         def go(inputs, kwargs):
             # packed: every call of 4 rows or more on oneDNN-packed weights, the prefill included
             # (core/packed_linear.py), the plain baseline for what specdec's packed steps gain alone.
-            with torch.no_grad(), packed_steps(target, MIN_ROWS) if packed else nullcontext():
+            with torch.no_grad(), packed_everywhere(target) if packed else nullcontext():
                 return target.generate(**inputs, **kwargs, **extra), None
         return go
 

@@ -55,7 +55,7 @@ sys.path.insert(0, str(ROOT))
 
 from specdec import SpeculativeDecoder  # noqa: E402
 from specdec.core.model_cache import resolve_model_path  # noqa: E402
-from specdec.core.packed_linear import MIN_ROWS, packed_steps  # noqa: E402
+from specdec.core.packed_linear import packed_everywhere  # noqa: E402
 from specdec.drafters import SharedEncoderDrafter  # noqa: E402
 from specdec.drafters.shared_encoder_draft import load_shared_encoder_draft  # noqa: E402
 from specdec.policies import ConstantLookahead, CostAwareLookahead, DraftConfidenceLookahead, HeuristicLookahead  # noqa: E402
@@ -141,7 +141,7 @@ def contenders(target, draft, policy: str, int8, assistant, hf_tokens: int | Non
         return target.generate(x, language="en", task="transcribe"), None
 
     def base_packed(x):  # every call of 4 rows or more on oneDNN-packed weights (core/packed_linear.py)
-        with packed_steps(target, MIN_ROWS):
+        with packed_everywhere(target):
             return target.generate(x, language="en", task="transcribe"), None
 
     def assisted(x):

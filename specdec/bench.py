@@ -42,7 +42,7 @@ from transformers import DynamicCache
 
 from .config import SpecdecConfig
 from .core.models import cache_argument
-from .core.packed_linear import MIN_ROWS, applies_to, packed_layers, packed_steps
+from .core.packed_linear import MIN_ROWS, applies_to, packed_everywhere, packed_layers, packed_steps
 from .core.types import token_id_list
 from .decoding import SpeculativeDecoder
 
@@ -247,7 +247,7 @@ def run_bench(
             # specdec's steps of 4+ rows read packed weights, and a batch's plain steps are such steps:
             # generate on the same packed layers is the baseline that tells the kernel from the speculation.
             def target_packed():
-                with packed_steps(target, MIN_ROWS):
+                with packed_everywhere(target):
                     return target_alone()
 
             packed_base = _Contender("target alone, packed weights", target_packed)

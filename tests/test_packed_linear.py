@@ -4,6 +4,8 @@ decoding stays exact."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -13,9 +15,10 @@ from specdec import ConfigError, SpeculativeDecoder
 from specdec.config import SpecdecConfig
 from specdec.core import packed_linear
 from specdec.drafters import NGramDrafter, SharedEncoderDrafter
-from specdec.errors import PackingWarning
+from specdec.errors import PackingWarning, RereadWarning
 from specdec.policies import ConstantLookahead
 
+from .architectures import tiny_family_model
 from .test_pair import PAIR, needs_pair
 from .tiny_whisper import NO_TIMESTAMPS, SOT, TRANSCRIBE, decoder_of, features, tiny_whisper
 
@@ -101,14 +104,15 @@ def test_a_model_too_big_for_the_memory_left_is_not_packed(monkeypatch):
 
 def test_weights_are_packed_as_a_request_begins_not_in_a_timed_step(monkeypatch):
     """Packing SmolLM2 takes most of a second: it happens before the loop, so no policy times it as
-    a step. With plain steps only (no multi-token step at all) the weights are packed all the same;
-    a float64 model never is, and a packed layer used afterwards still equals torch's."""
+    a step. With plain steps only (and the 6-token prefill on torch's path, as generate reads it) no
+    call runs packed, yet the weights are packed all the same; a float64 model never is, nor a model
+    specdec re-reads whole (its forwards are generate's own)."""
     from .conftest import tiny_llama
 
     monkeypatch.setattr(packed_linear, "MIN_WEIGHT", 0)
     counter = PackCounter(monkeypatch)
     target = tiny_llama(seed=0, vocab=16)
-    prompt = torch.tensor([[3, 5, 7]])
+    prompt = torch.tensor([[3, 5, 7, 9, 11, 4]])  # 6 rows: the prefill would be packed if it were a step
     out = SpeculativeDecoder(target=target, drafter=NGramDrafter(), policy=ConstantLookahead(k=0)).generate(
         prompt, max_new_tokens=5)
     assert torch.equal(out.sequences, target.generate(prompt, max_new_tokens=5, do_sample=False))
@@ -116,6 +120,12 @@ def test_weights_are_packed_as_a_request_begins_not_in_a_timed_step(monkeypatch)
     wide = tiny_llama(seed=0, vocab=16, dtype=torch.float64)
     SpeculativeDecoder(target=wide, drafter=NGramDrafter(), policy=ConstantLookahead(k=0)).generate(prompt, max_new_tokens=2)
     assert wide.lm_head.weight not in packed_linear._PACKED
+    reread = copy.deepcopy(tiny_family_model("local")).float()  # GPT-Neo: a RereadingRunner
+    with pytest.warns(RereadWarning):
+        decoder = SpeculativeDecoder(target=reread, drafter=NGramDrafter(), policy=ConstantLookahead(k=3))
+    decoder.generate(prompt, max_new_tokens=4)
+    assert not any(parameter in packed_linear._PACKED for parameter in reread.parameters())
+    assert not counter.weights
 
 
 @needs_pair
@@ -171,6 +181,15 @@ def test_whisper_decoder_steps_pack_and_stay_exact(monkeypatch):
     assert counter.packed(target.proj_out.weight) > 0
     encoder_weights = {id(p) for p in target.get_encoder().parameters()}
     assert not any(id(w) in encoder_weights for w in counter.weights)
+    assert not any(p in packed_linear._PACKED for p in target.get_encoder().parameters())  # not even copied
+    # Without a draft to share them, the target computes the cross-attention keys itself, once, in its
+    # first decoder read: on torch's path, as generate's; its later steps are packed.
+    counter.weights.clear()
+    out = SpeculativeDecoder(target=target, drafter=NGramDrafter(), policy=ConstantLookahead(k=3)).generate(
+        prompt, input_features=x, max_new_tokens=16)
+    assert torch.equal(out.sequences, reference)
+    assert counter.packed(target.proj_out.weight) > 0
+    assert counter.packed(target.model.decoder.layers[0].encoder_attn.k_proj.weight) == 0
 
 
 def test_packed_weights_is_checked(tmp_path):

@@ -4,10 +4,11 @@ Speculation rests on one premise: a forward over k + 1 tokens costs about what a
 token costs, because a decoding step is bound by reading the weights, not by the arithmetic. On a
 CPU, torch computes a float32 linear layer with MKL's sgemm, which keeps that promise up to three
 rows and breaks it from four on: it then repacks the whole weight at every call. Measured on this
-project's 2-vCPU Xeon (one thread; ``python benchmarks/packed_linear.py``), SmolLM2-135M's
-49152 x 576 LM head takes 12.1 ms for 4 rows and 20.0 ms for 8 where oneDNN's matmul over the same
-weight reordered once into its blocked layout takes 0.58x and 0.42x of that; what Inductor does for
-CPU inference with ``freezing`` on, and what vLLM's CPU backend does for every linear layer.
+project's 2-vCPU Xeon (one thread; ``python benchmarks/packed_linear.py``, docs/benchmarks.md stop
+20), SmolLM2-135M's 49152 x 576 LM head takes 6.1 ms for 1 row, 13.9 ms for 4 and 22.8 ms for 8,
+where oneDNN's matmul over the same weight reordered once into its blocked layout takes 0.57x and
+0.42x of that at 4 and 8 rows: what Inductor does for CPU inference with ``freezing`` on, and what
+vLLM's CPU backend does for every linear layer.
 
 ``packed_steps(model, rows)`` runs, for one forward over ``rows`` tokens (batch x block), every
 ``nn.Linear`` of ``model`` whose weight has at least ``MIN_WEIGHT`` elements on its packed weight,
@@ -19,9 +20,9 @@ step run as before. A model's layers are packed as a request begins (``pack``), 
 weights live, and packed again at their next packed call if they were changed in place. Each
 packed weight costs its size in memory once more (an encoder-decoder model's encoder, which no step
 runs, is left out): SmolLM2-135M +412 MiB (+80%), whisper-base's decoder +149 MiB (+54% of the
-model). A model whose packed copy
-would take more than half of the memory left is not packed, with a ``PackingWarning``. Only torch
-builds whose linear layers run on MKL (x86) pack: the step measured above is MKL's.
+model). A model whose packed copy would take more than half of the memory left is not packed, with
+a ``PackingWarning``. Only torch builds whose linear layers run on MKL (x86) pack: the step
+measured above is MKL's.
 
 Rounding: the packed matmul adds its products in another order than sgemm, as sgemm already does
 between a 1-row and a 4-row call; the logits differ in the last bits, as a verify's already differ
@@ -39,9 +40,9 @@ import weakref
 
 import torch
 import torch.nn.functional as F
+from torch.utils.weak import WeakIdKeyDictionary
 
 from ..errors import PackingWarning
-from torch.utils.weak import WeakIdKeyDictionary
 
 # From this many rows (tokens x batch) MKL's sgemm repacks the weight at every call (measured above);
 # below it torch's own path is as fast as the packed one or faster.
@@ -63,7 +64,7 @@ def available() -> bool:
 
 
 def applies_to(model: torch.nn.Module) -> bool:
-    """Whether packing can serve ``model``: float32 weights on the CPU, a torch with oneDNN."""
+    """Whether packing can serve ``model``: float32 weights on the CPU, a torch that ``available``."""
     parameter = next(model.parameters(), None)
     return (parameter is not None and parameter.device.type == "cpu" and parameter.dtype == torch.float32
             and available())
@@ -83,6 +84,13 @@ def packed_steps(model: torch.nn.Module, rows: int):
     finally:
         for module in linears:
             module.__dict__.pop("forward", None)
+
+
+def packed_everywhere(model: torch.nn.Module) -> contextlib.AbstractContextManager:
+    """Every call of ``MIN_ROWS`` rows or more on packed weights, the prefill included, for as long as
+    it is entered: ``generate`` run on the weights specdec's steps read, the plain baseline that
+    tells the kernel's gain from the speculation's (``specdec bench``, the benchmarks)."""
+    return packed_steps(model, MIN_ROWS)
 
 
 def pack(model: torch.nn.Module) -> None:
