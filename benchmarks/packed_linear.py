@@ -23,9 +23,10 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from specdec.core.packed_linear import MIN_WEIGHT, available, packed_steps, packed_weight  # noqa: E402
+from specdec.core.packed_linear import MIN_WEIGHT, available, from_rows, packed_steps, packed_weight  # noqa: E402
 
-SHAPES = [(49152, 576), (51865, 512), (4096, 512), (1536, 576), (2048, 512), (1024, 512), (576, 576)]
+SHAPES = [(49152, 576), (51865, 512), (4096, 512), (1536, 576), (576, 1536), (2048, 512), (1024, 512), (576, 576),
+          (512, 512), (192, 576)]
 
 
 def median_ms(call, repeats: int) -> float:
@@ -49,7 +50,7 @@ def main() -> None:
         sys.exit("this torch has no oneDNN linear ops: nothing to compare")
     rows = [int(n) for n in args.rows.split(",")]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s)")
-    print("| weight | packed? | " + " | ".join(f"{n} rows" for n in rows) + " |")
+    print("| weight | specdec packs it (measured) | " + " | ".join(f"{n} rows" for n in rows) + " |")
     print("|---|---|" + "---|" * len(rows))
     with torch.no_grad():
         for out_features, in_features in SHAPES:
@@ -61,7 +62,8 @@ def main() -> None:
                 plain = median_ms(lambda: F.linear(x, weight), args.repeats)
                 fast = median_ms(lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""), args.repeats)
                 cells.append(f"{plain:.3f} / {fast:.3f} ({fast / plain:.2f})")
-            chosen = "yes" if weight.numel() >= MIN_WEIGHT else "no (small)"
+            start = from_rows(weight) if weight.numel() >= MIN_WEIGHT else None
+            chosen = "no (small)" if weight.numel() < MIN_WEIGHT else "never" if start is None else f"from {start} rows"
             print(f"| {out_features} x {in_features} | {chosen} | " + " | ".join(cells) + " |")
         if args.model:
             from transformers import AutoModelForCausalLM

@@ -161,9 +161,9 @@ class TestBench:
         """From batch 4 specdec's plain steps read packed weights too: the bench times generate on
         the same packed layers beside the target alone (every layer of the tiny pair packed here),
         and leaves it out when the config turns packing off."""
-        from specdec.core import packed_linear
+        from .conftest import pin_packing
 
-        monkeypatch.setattr(packed_linear, "MIN_WEIGHT", 0)
+        pin_packing(monkeypatch, smallest=0)
         out = tmp_path / "bench.json"
         common = ["bench", "--batch-sizes", "1,4", "--num-prompts", "4", "--max-new-tokens", "6", "--repeats", "1",
                   "--warmup", "0", "--no-assisted", "--out", str(out)]

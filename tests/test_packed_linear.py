@@ -19,6 +19,7 @@ from specdec.errors import PackingWarning, RereadWarning
 from specdec.policies import ConstantLookahead
 
 from .architectures import tiny_family_model
+from .conftest import REAL_TIME_SHAPE, pin_packing
 from .test_pair import PAIR, needs_pair
 from .tiny_whisper import NO_TIMESTAMPS, SOT, TRANSCRIBE, decoder_of, features, tiny_whisper
 
@@ -37,10 +38,10 @@ class PackCounter:
         self.weights = []
         original = packed_linear._packed_forward
 
-        def counting(module, x):
-            if x.numel() >= packed_linear.MIN_ROWS * x.shape[-1]:
+        def counting(module, start, x):
+            if x.numel() >= start * x.shape[-1]:
                 self.weights.append(module.weight)
-            return original(module, x)
+            return original(module, start, x)
 
         monkeypatch.setattr(packed_linear, "_packed_forward", counting)
 
@@ -68,15 +69,68 @@ def test_what_stays_on_torchs_path(monkeypatch):
     layer, small = linear(), linear(256, 512)
     model = torch.nn.Sequential(layer, torch.nn.ReLU(), linear(512, 2048), small)
     few = torch.randn(3, 512)
-    with packed_linear.packed_steps(model, rows=3):  # fewer than MIN_ROWS: nothing switched
+    with packed_linear.packed_steps(model, rows=3):  # fewer rows than measured faster: nothing switched
         assert "forward" not in layer.__dict__
         assert torch.equal(model(few), model[3](model[2](model[1](F.linear(few, layer.weight, layer.bias)))))
     with packed_linear.packed_steps(model, rows=4):
         model(torch.randn(4, 512))
         assert torch.equal(layer(few), F.linear(few, layer.weight, layer.bias))  # a 3-row call inside
-    assert counter.packed(layer.weight) == 1 and counter.packed(small.weight) == 0  # 256 x 512 is too small
+    assert counter.packed(layer.weight) == 1 and counter.packed(small.weight) == 0  # 256 x 512: never faster
     assert not packed_linear.applies_to(linear(dtype=torch.float64))
     assert packed_linear.applies_to(layer)
+
+
+def test_where_packing_starts_is_the_fewest_rows_from_which_it_wins_at_every_width():
+    def table(ratios):  # rows -> packed / torch
+        return {rows: (1.0, ratio) for rows, ratio in zip(packed_linear.TRIAL_ROWS, ratios)}
+
+    assert packed_linear.TRIAL_ROWS == (2, 3, 4, 8, 16)
+    assert packed_linear.first_faster(table([0.38, 0.18, 0.31, 0.40, 0.44])) == 2  # the EPYC's LM head
+    assert packed_linear.first_faster(table([1.05, 1.00, 0.57, 0.42, 0.40])) == 4  # the Xeon's
+    assert packed_linear.first_faster(table([0.50, 0.95, 0.80, 0.70, 0.60])) == 4  # a loss at 3 rows
+    assert packed_linear.first_faster(table([0.91, 0.90, 0.90, 0.90, 0.90])) == 3  # MARGIN: at most 0.9
+    assert packed_linear.first_faster(table([0.50, 0.50, 0.50, 0.50, 1.30])) is None  # loses at the widest
+    assert packed_linear.first_faster(table([1.30, 1.40, 1.35, 1.30, 1.20])) is None  # the Xeon's 576 x 576
+
+
+@torch.no_grad()
+def test_the_measurement_times_each_shape_once_on_this_machine(monkeypatch):
+    calls = []
+
+    def timed(weight):
+        calls.append(tuple(weight.shape))
+        return REAL_TIME_SHAPE(weight)
+
+    monkeypatch.setattr(packed_linear, "time_shape", timed)
+    model = torch.nn.Sequential(linear(), linear(512, 2048), linear())  # two of one shape
+    layers = packed_linear.packed_layers(model)
+    assert sorted(calls) == [(512, 2048), (2048, 512)]
+    times = REAL_TIME_SHAPE(model[0].weight)
+    assert sorted(times) == list(packed_linear.TRIAL_ROWS) and all(a > 0 and b > 0 for a, b in times.values())
+    starts = {tuple(module.weight.shape): start for module, start in layers}
+    assert all(start in packed_linear.TRIAL_ROWS for start in starts.values())
+    assert {tuple(m.weight.shape) for m, _ in layers} <= {(2048, 512), (512, 2048)}
+    assert packed_linear.packed_from(model) == min(starts.values(), default=None)
+    packed_linear.packed_layers(torch.nn.Sequential(linear()))  # another model, a shape already timed
+    assert len(calls) == 2
+
+
+@torch.no_grad()
+def test_a_machine_where_packing_wins_from_two_rows_packs_two_row_blocks_never_one_row(monkeypatch):
+    pin_packing(monkeypatch, start=2)
+    counter = PackCounter(monkeypatch)
+    layer = linear()
+    assert packed_linear.packed_from(layer) == 2
+    for rows in (1, 2, 3):
+        x = torch.randn(rows, 512)
+        with packed_linear.packed_steps(layer, rows=rows):
+            torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+    assert counter.packed(layer.weight) == 2  # the 2- and 3-row calls
+    with packed_linear.packed_everywhere(layer):
+        layer(torch.randn(1, 512))
+    assert counter.packed(layer.weight) == 2
+    pin_packing(monkeypatch, start=None)
+    assert packed_linear.packed_layers(linear()) == [] and packed_linear.packed_from(linear()) is None
 
 
 @torch.no_grad()
@@ -109,7 +163,7 @@ def test_weights_are_packed_as_a_request_begins_not_in_a_timed_step(monkeypatch)
     specdec re-reads whole (its forwards are generate's own)."""
     from .conftest import tiny_llama
 
-    monkeypatch.setattr(packed_linear, "MIN_WEIGHT", 0)
+    pin_packing(monkeypatch, smallest=0)
     counter = PackCounter(monkeypatch)
     target = tiny_llama(seed=0, vocab=16)
     prompt = torch.tensor([[3, 5, 7, 9, 11, 4]])  # 6 rows: the prefill would be packed if it were a step
@@ -165,10 +219,10 @@ REPO_TOML = PAIR.parent.parent / "plugins.toml"
 
 @torch.no_grad()
 def test_whisper_decoder_steps_pack_and_stay_exact(monkeypatch):
-    """An encoder-decoder target in float32 with every weight packed (MIN_WEIGHT lowered for the tiny
-    model): the decoder's multi-token steps and the shared-encoder draft's batched steps use packed
-    weights, the encoder never does, and the transcript is generate's."""
-    monkeypatch.setattr(packed_linear, "MIN_WEIGHT", 0)
+    """An encoder-decoder target in float32 with every weight packed (each timed faster packed from
+    4 rows, whatever its size): the decoder's multi-token steps and the shared-encoder draft's
+    batched steps use packed weights, the encoder never does, and the transcript is generate's."""
+    pin_packing(monkeypatch, smallest=0)
     counter = PackCounter(monkeypatch)
     target = tiny_whisper(seed=0).float()
     drafter = SharedEncoderDrafter(model=decoder_of(target))

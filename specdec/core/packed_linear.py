@@ -10,19 +10,29 @@ where oneDNN's matmul over the same weight reordered once into its blocked layou
 0.42x of that at 4 and 8 rows: what Inductor does for CPU inference with ``freezing`` on, and what
 vLLM's CPU backend does for every linear layer.
 
+Which CPU decides where that starts, so the threshold is measured, not assumed: the first time a
+weight shape is packed, ``from_rows`` times it on torch's path and packed at ``TRIAL_ROWS`` and
+keeps, for the process, the fewest rows from which packed is at least ``1 / MARGIN`` times as fast
+at every trial width (or never). On the Xeon above torch's path holds up to 3 rows and a
+576 x 576 weight runs 1.3-1.4x slower packed at 4-8 rows (oneDNN's fixed cost per call is more
+than sgemm's repacking saves there). On an AMD EPYC (Zen 4, family 25 model 17, 2 vCPUs) MKL's sgemm runs 2
+and 3 rows at 2.3x and 3.3x the time of one row (a 49152 x 576 weight: 10.1, 22.9 and 33.2 ms)
+and packed wins from 2 rows on every weight measured, small ones included (docs/benchmarks.md,
+stop 21). Timing the shapes costs about half a second for SmolLM2-135M, once.
+
 ``packed_steps(model, rows)`` runs, for one forward over ``rows`` tokens (batch x block), every
-``nn.Linear`` of ``model`` whose weight has at least ``MIN_WEIGHT`` elements on its packed weight,
-when ``rows >= MIN_ROWS``. Smaller weights stay on torch's path: there oneDNN's fixed cost per
-call is more than sgemm's repacking saves (a 576 x 576 weight: 1.3-1.4x slower at 4-8 rows). The
+``nn.Linear`` of ``model`` whose weight shape was measured faster packed at that many rows on its
+packed weight. One-row calls (plain steps) are never packed, whatever the measurement: specdec's
+plain steps stay ``generate``'s own. The
 layers are switched for that forward only (an instance ``forward`` set and removed around it), so
 the model is unchanged outside specdec's steps: its ``generate``, the prefill and every plain
 step run as before. A model's layers are packed as a request begins (``pack``), kept while the
 weights live, and packed again at their next packed call if they were changed in place. Each
 packed weight costs its size in memory once more (an encoder-decoder model's encoder, which no step
 runs, is left out): SmolLM2-135M +412 MiB (+80%), whisper-base's decoder +149 MiB (+54% of the
-model). A model whose packed copy would take more than half of the memory left is not packed, with
-a ``PackingWarning``. Only torch builds whose linear layers run on MKL (x86) pack: the step
-measured above is MKL's.
+model) where only the large weights win. A model whose packed copy would take more than half of
+the memory left is not packed, with a ``PackingWarning``. Only torch builds whose linear layers run
+on MKL (x86) pack: the step measured above is MKL's.
 
 Rounding: the packed matmul adds its products in another order than sgemm, as sgemm already does
 between a 1-row and a 4-row call; the logits differ in the last bits, as a verify's already differ
@@ -34,7 +44,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
+import math
 import os
+import time
 import warnings
 import weakref
 
@@ -44,15 +57,24 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from ..errors import PackingWarning
 
-# From this many rows (tokens x batch) MKL's sgemm repacks the weight at every call (measured above);
-# below it torch's own path is as fast as the packed one or faster.
-MIN_ROWS = 4
-# Weights smaller than this (3 MiB in float32) stay on torch's path: a 1024 x 512 weight gains 1-11% at
-# 4-8 rows for its 2 MiB copy, a 576 x 576 one loses (benchmarks/packed_linear.py).
-MIN_WEIGHT = 3 << 18
+# The widths (rows: tokens x batch) a weight shape is timed at, torch's path against packed; wider
+# calls are taken to go the way the widest trial went.
+TRIAL_ROWS = (2, 3, 4, 8, 16)
+# Packed must take at most this share of torch's time to count as faster: a win inside the timer's
+# noise would cost the weight's size in memory for nothing.
+MARGIN = 0.9
+# Weights smaller than this (256 KiB in float32) are not timed or packed: the switch costs more than
+# such a layer can save.
+MIN_WEIGHT = 1 << 16
+TIMING_REPEATS = 3
+# A shape is timed on copies of it filling this much memory, more than a CPU's caches hold (see time_shape).
+COLD_BYTES = 64 << 20
+TIMING_BUDGET = 2e-3  # seconds per shape, width and path: enough repeats for a small weight
 
+_FROM_ROWS: dict[tuple[int, int], int | None] = {}  # weight shape -> rows from which packed is faster (None: never)
 _PACKED: WeakIdKeyDictionary = WeakIdKeyDictionary()  # weight -> (its _version when packed, packed weight)
-_LINEARS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> the nn.Linear modules worth packing
+# model -> [(an nn.Linear worth packing, the rows from which it is packed)]
+_LINEARS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def available() -> bool:
@@ -72,25 +94,32 @@ def applies_to(model: torch.nn.Module) -> bool:
 
 @contextlib.contextmanager
 def packed_steps(model: torch.nn.Module, rows: int):
-    """Within it, ``model``'s large linear layers read packed weights (a no-op below ``MIN_ROWS``)."""
-    if rows < MIN_ROWS:
+    """Within it, ``model``'s linear layers measured faster packed at ``rows`` rows read packed weights."""
+    if rows < 2:
         yield
         return
-    linears = packed_layers(model)
-    for module in linears:
-        module.forward = functools.partial(_packed_forward, module)
+    switched = [(module, start) for module, start in packed_layers(model) if start <= rows]
+    for module, start in switched:
+        module.forward = functools.partial(_packed_forward, module, start)
     try:
         yield
     finally:
-        for module in linears:
+        for module, _ in switched:
             module.__dict__.pop("forward", None)
 
 
-def packed_everywhere(model: torch.nn.Module) -> contextlib.AbstractContextManager:
-    """Every call of ``MIN_ROWS`` rows or more on packed weights, the prefill included, for as long as
-    it is entered: ``generate`` run on the weights specdec's steps read, the plain baseline that
+@contextlib.contextmanager
+def packed_everywhere(model: torch.nn.Module):
+    """Every call of each packed layer that is wide enough for it, the prefill included, for as long
+    as it is entered: ``generate`` run on the weights specdec's steps read, the plain baseline that
     tells the kernel's gain from the speculation's (``specdec bench``, the benchmarks)."""
-    return packed_steps(model, MIN_ROWS)
+    with packed_steps(model, max(TRIAL_ROWS)):
+        yield
+
+
+def packed_from(model: torch.nn.Module) -> int | None:
+    """The fewest rows from which any of ``model``'s layers runs packed (None: none ever does)."""
+    return min((start for _, start in packed_layers(model)), default=None)
 
 
 def pack(model: torch.nn.Module) -> None:
@@ -98,7 +127,7 @@ def pack(model: torch.nn.Module) -> None:
     specdec calls it as a request begins: packing takes time (850 ms for SmolLM2-135M's 91 layers
     here), which would otherwise land in the first multi-token step, where the cost-aware policies
     would take it for what a verify costs."""
-    for module in packed_layers(model):
+    for module, _ in packed_layers(model):
         packed_weight(module.weight)
 
 
@@ -112,19 +141,21 @@ def packed_weight(weight: torch.Tensor) -> torch.Tensor:
     return packed
 
 
-def packed_layers(model: torch.nn.Module) -> list[torch.nn.Linear]:
-    """The ``nn.Linear`` layers of ``model`` that its multi-token steps run on packed weights."""
+def packed_layers(model: torch.nn.Module) -> list[tuple[torch.nn.Linear, int]]:
+    """The ``nn.Linear`` layers of ``model`` that its multi-token steps run on packed weights, each with
+    the rows from which it does (``from_rows``, measured here the first time a shape is seen)."""
     linears = _LINEARS.get(model)
     if linears is None:
         # Exactly nn.Linear with no forward of its own set by someone else (accelerate's offload hooks
         # replace it): a subclass or a wrapped layer may compute something else.
         encoder = model.get_encoder() if getattr(getattr(model, "config", None), "is_encoder_decoder", False) else None
         skipped = {id(module) for module in encoder.modules()} if encoder is not None else set()
-        linears = [module for module in model.modules()
-                   if type(module) is torch.nn.Linear and id(module) not in skipped and "forward" not in module.__dict__
-                   and module.weight.dtype == torch.float32 and module.weight.device.type == "cpu"
-                   and module.weight.numel() >= MIN_WEIGHT]
-        need = sum(module.weight.numel() * module.weight.element_size() for module in linears)
+        candidates = [module for module in model.modules()
+                      if type(module) is torch.nn.Linear and id(module) not in skipped and "forward" not in module.__dict__
+                      and module.weight.dtype == torch.float32 and module.weight.device.type == "cpu"
+                      and module.weight.numel() >= MIN_WEIGHT]
+        linears = [(module, start) for module in candidates if (start := from_rows(module.weight)) is not None]
+        need = sum(module.weight.numel() * module.weight.element_size() for module, _ in linears)
         free = free_memory()
         if free is not None and need > free // 2:
             warnings.warn(
@@ -136,6 +167,70 @@ def packed_layers(model: torch.nn.Module) -> list[torch.nn.Linear]:
     return linears
 
 
+def from_rows(weight: torch.Tensor) -> int | None:
+    """The fewest rows from which a weight of ``weight``'s shape runs faster packed on this machine
+    (None: at no width tried), timed the first time the shape is asked for and kept for the process."""
+    shape = tuple(weight.shape)
+    if shape not in _FROM_ROWS:
+        _FROM_ROWS[shape] = first_faster(time_shape(weight))
+    return _FROM_ROWS[shape]
+
+
+def first_faster(times: dict[int, tuple[float, float]]) -> int | None:
+    """From ``{rows: (torch's seconds, packed seconds)}``: the fewest rows from which packed takes at
+    most ``MARGIN`` of torch's time at every width timed (None when it does not at the widest)."""
+    start = None
+    for rows in sorted(times, reverse=True):
+        plain, packed = times[rows]
+        if packed > MARGIN * plain:
+            break
+        start = rows
+    return start
+
+
+@torch.no_grad()
+def time_shape(weight: torch.Tensor) -> dict[int, tuple[float, float]]:
+    """``{rows: (torch's seconds, packed seconds)}`` for a linear layer of ``weight``'s shape at
+    ``TRIAL_ROWS``, the fastest of a few calls each (the least disturbed by a neighbour).
+
+    Timed as a model runs it: the weight read from memory, not from a cache that the previous call
+    left it in. A forward reads dozens of weights in turn, so a small one is never hot when its layer
+    comes; timed hot, a 512 x 512 weight looked 0.8-0.9 of torch's time packed at 2 rows, cold (as in
+    the bundled target's forward) 0.8 at 2 rows and 0.4 at 3. Each call takes the next of as many copies
+    of the shape as fill ``COLD_BYTES``; the copies are dropped afterwards, so a shape that loses
+    costs no memory."""
+    size = weight.numel() * weight.element_size()
+    count = -(-COLD_BYTES // size)
+    plain = [weight.detach()] if count == 1 else [torch.full(tuple(weight.shape), 0.01) for _ in range(count)]
+    packed = [torch.ops.mkldnn._reorder_linear_weight(w, None) for w in plain]
+    generator = torch.Generator().manual_seed(0)
+    times = {}
+    for rows in TRIAL_ROWS:
+        x = torch.randn(rows, weight.shape[1], generator=generator)
+        turn = itertools.count()
+        times[rows] = (_fastest(lambda: F.linear(x, plain[next(turn) % count])),
+                       _fastest(lambda: torch.ops.mkldnn._linear_pointwise(x, packed[next(turn) % count], None,
+                                                                            "none", [], "")))
+    return times
+
+
+def _fastest(call) -> float:
+    """The fastest of a few calls: at least ``TIMING_REPEATS``, more for a quick call (up to 50, about
+    ``TIMING_BUDGET`` seconds in all), whose time a single interruption distorts the most."""
+    call()  # warm: first-call allocations
+    best = math.inf
+    repeats = TIMING_REPEATS
+    done = 0
+    while done < repeats:
+        start = time.perf_counter()
+        call()
+        best = min(best, time.perf_counter() - start)
+        done += 1
+        if done == 1:
+            repeats = max(TIMING_REPEATS, min(50, int(TIMING_BUDGET / max(best, 1e-9))))
+    return best
+
+
 def free_memory() -> int | None:
     """Bytes of physical memory available now (None where the system does not say)."""
     try:
@@ -144,8 +239,8 @@ def free_memory() -> int | None:
         return None
 
 
-def _packed_forward(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    if x.dtype != torch.float32 or x.dim() < 2 or x.numel() < MIN_ROWS * x.shape[-1] or torch.is_grad_enabled():
+def _packed_forward(module: torch.nn.Linear, start: int, x: torch.Tensor) -> torch.Tensor:
+    if x.dtype != torch.float32 or x.dim() < 2 or x.numel() < start * x.shape[-1] or torch.is_grad_enabled():
         return F.linear(x, module.weight, module.bias)
     out = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), packed_weight(module.weight), module.bias,
                                              "none", [], "")
