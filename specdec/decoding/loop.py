@@ -98,8 +98,9 @@ class SpeculativeDecoder:
     compile: str = attrs.field(default="none", validator=_compile_choice)
     # Multi-token steps (verify blocks, batched draft steps) of float32 models on a CPU read their
     # linear layers' weights prepacked for oneDNN, whose cost hardly grows with the tokens read
-    # where torch's own path costs 1.5-2x a plain step from 4 tokens on (core/packed_linear.py);
-    # each packed layer keeps a second copy of its weight. Other dtypes and devices are never packed.
+    # where torch's own path (MKL) costs 1.5-3x a plain step from 2-4 tokens on, depending on the
+    # CPU; from how many rows each weight shape packs is timed once per process
+    # (core/packed_linear.py). Each packed layer keeps a second copy of its weight. Other dtypes and devices are never packed.
     packed_weights: bool = attrs.field(default=True, validator=_bool)
     _hooks: Any = attrs.field(init=False, repr=False)
     _stats: StatsObserver = attrs.field(init=False, repr=False)
