@@ -4,7 +4,10 @@ For each cell: the target alone, ``constant`` at each k of ``--ks`` and ``cost-a
 interleaved passes (pass r runs every method once, in turn, so load drift on a shared machine hits
 all of them alike); medians of ``--repeats`` passes after ``--warmup``. The cost-aware decoder of a
 (mode, drafter) is one instance across batch sizes, as it would be in a server: it keeps what it
-measured. Greedy outputs are checked against the target's.
+measured. Greedy outputs are checked against the target's. From the batch size at which specdec
+packs the target's weights on this CPU (``core/packed_linear.py``), ``generate`` on the same packed
+layers runs too ("target alone, packed weights"): a batch's plain steps are packed steps, so that
+row tells the kernel's share of a speedup from the speculation's.
 
     OMP_NUM_THREADS=1 python benchmarks/policy_grid.py --out grid.json
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import time
 from pathlib import Path
@@ -21,6 +25,7 @@ import torch
 
 from specdec import SpeculativeDecoder
 from specdec.config import SpecdecConfig
+from specdec.core.packed_linear import applies_to, packed_everywhere, packed_from
 from specdec.drafters import ModelDrafter, NGramDrafter
 from specdec.policies import ConstantLookahead, CostAwareLookahead
 from specdec.verifiers import GreedyVerifier, RejectionVerifier
@@ -91,7 +96,16 @@ def main():
                         return [o.sequences for o in outs], outs
                     return run
 
-                methods = {"target alone": run_target, **{name: runner(d) for name, d in decoders.items()}}
+                methods = {"target alone": run_target}
+                if batch_size >= (packed_from(target) or math.inf) and applies_to(target):
+                    # specdec's batched plain steps read packed weights (core/packed_linear.py): generate
+                    # on the same packed layers tells the kernel's share of a speedup from the speculation's.
+                    def run_target_packed():
+                        with packed_everywhere(target):
+                            return run_target()
+
+                    methods["target alone, packed weights"] = run_target_packed
+                methods.update({name: runner(d) for name, d in decoders.items()})
                 times = {name: [] for name in methods}
                 tokens = {name: [] for name in methods}
                 stats = {name: None for name in methods}
@@ -106,7 +120,7 @@ def main():
                         new = sum(int((s[:, e["input_ids"].shape[1]:] != pad).sum()) for s, e in zip(sequences, encoded))
                         if name == "target alone":
                             reference = sequences
-                        elif mode == "greedy":
+                        elif mode == "greedy" and name in decoders:
                             exact[name] = exact.get(name, True) and all(torch.equal(a, b) for a, b in zip(sequences, reference))
                         if r >= args.warmup:
                             times[name].append(seconds)

@@ -32,6 +32,7 @@ from specdec import SpeculativeDecoder  # noqa: E402
 from specdec.core.components import Observer  # noqa: E402
 from specdec.core import state as state_module  # noqa: E402
 from specdec.core.models import cache_argument  # noqa: E402
+from specdec.core import packed_linear  # noqa: E402
 from specdec.core.packed_linear import packed_everywhere  # noqa: E402
 from specdec.drafters import FallbackDrafter, HiddenStateDrafter, HiddenStateHead, NGramDrafter  # noqa: E402
 from specdec.policies import (ConstantLookahead, CostAwareLookahead, DraftConfidenceLookahead,  # noqa: E402
@@ -92,13 +93,14 @@ def contenders(run: str, target, head, heuristic_max: int, only=(), other_head=N
 
     def plain(packed=False, **extra):
         def go(inputs, kwargs):
-            # packed: every call of 4 rows or more on oneDNN-packed weights, the prefill included
+            # packed: every call as wide as this machine packs (2 or 4 rows and up, measured) on
+            # oneDNN-packed weights, the prefill included
             # (core/packed_linear.py), the plain baseline for what specdec's packed steps gain alone.
             with torch.no_grad(), packed_everywhere(target) if packed else nullcontext():
                 return target.generate(**inputs, **kwargs, **extra), None
         return go
 
-    def spec(drafter, policy, packed=True, sorted_top_p=False):
+    def spec(drafter, policy, packed=True, sorted_top_p=False, from_four_rows=False):
         decoder = SpeculativeDecoder(target=target, drafter=drafter, policy=policy, verifier=verifier,
                                      observers=[observer], packed_weights=packed)
 
@@ -107,17 +109,27 @@ def contenders(run: str, target, head, heuristic_max: int, only=(), other_head=N
             # not specdec's nucleus read from the top candidates (core/state.py, _NucleusTopP).
             candidates = state_module.NUCLEUS_CANDIDATES
             state_module.NUCLEUS_CANDIDATES = 0 if sorted_top_p else candidates
+            # from_four_rows: stop 20's fixed rule instead of the measured one (weights of 3 MiB or
+            # more, packed from 4 rows), to tell on this CPU what measuring where packing starts gained.
+            measured, linears = packed_linear.from_rows, dict(packed_linear._LINEARS)
+            if from_four_rows:
+                packed_linear.from_rows = lambda weight: 4 if weight.numel() >= 3 << 18 else None
+                packed_linear._LINEARS.clear()
             try:
                 out = decoder.generate(**inputs, **kwargs)
             finally:
                 state_module.NUCLEUS_CANDIDATES = candidates
+                if from_four_rows:
+                    packed_linear.from_rows = measured
+                    packed_linear._LINEARS.clear()
+                    packed_linear._LINEARS.update(linears)
             return out.sequences, observer.take()
         return go
 
     found = {"target": plain(), "target (packed)": plain(packed=True)}
     if batch == 1:
         found["prompt lookup (10)"] = plain(prompt_lookup_num_tokens=10)
-    # specdec's plain steps only: its floor against generate (packed above batch 4, as generate packed).
+    # specdec's plain steps only: its floor against generate (batched ones packed, as "target (packed)").
     found["specdec k=0"] = spec(NGramDrafter(max_ngram=3), ConstantLookahead(k=0))
     found["specdec ngram heuristic"] = spec(NGramDrafter(max_ngram=3), HeuristicLookahead())
     # Prompt lookup alone as the fallback's first drafter runs it: a long constant k, and cost-aware.
@@ -160,6 +172,12 @@ def contenders(run: str, target, head, heuristic_max: int, only=(), other_head=N
     found["specdec ngram>=2 else hidden_state draft-confidence auto (unpacked)"] = spec(
         FallbackDrafter(NGramDrafter(max_ngram=3, min_ngram=2), HiddenStateDrafter(head), then_max_tokens=2),
         DraftConfidenceLookahead(threshold="auto", max_tokens=10), packed=False)
+    found["specdec ngram>=2 else hidden_state cost-aware (packed from 4 rows)"] = spec(
+        FallbackDrafter(NGramDrafter(max_ngram=3, min_ngram=2), HiddenStateDrafter(head), then_max_tokens=2),
+        CostAwareLookahead(), from_four_rows=True)
+    found["specdec ngram>=2 else hidden_state draft-confidence auto (packed from 4 rows)"] = spec(
+        FallbackDrafter(NGramDrafter(max_ngram=3, min_ngram=2), HiddenStateDrafter(head), then_max_tokens=2),
+        DraftConfidenceLookahead(threshold="auto", max_tokens=10), from_four_rows=True)
     found["specdec ngram>=2 else hidden_state cost-aware (sorted top-p)"] = spec(
         FallbackDrafter(NGramDrafter(max_ngram=3, min_ngram=2), HiddenStateDrafter(head), then_max_tokens=2),
         CostAwareLookahead(), sorted_top_p=True)
