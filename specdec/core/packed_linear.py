@@ -195,18 +195,20 @@ def time_shape(weight: torch.Tensor) -> dict[int, tuple[float, float]]:
 
     Timed as a model runs it: the weight read from memory, not from a cache that the previous call
     left it in. A forward reads dozens of weights in turn, so a small one is never hot when its layer
-    comes; timed hot, a 512 x 512 weight looked 0.8-0.9 of torch's time packed at 2 rows, cold (as in
-    the bundled target's forward) 0.8 at 2 rows and 0.4 at 3. Each call takes the next of as many copies
-    of the shape as fill ``COLD_BYTES``; the copies are dropped afterwards, so a shape that loses
-    costs no memory."""
+    comes: a 512 x 512 weight's one-row matmul takes 24 us called again and again, 113-140 us cold,
+    as in the bundled target's forward (its matmuls averaged 139 us there). Timed hot, the small
+    shapes' few-microsecond calls made the choice between 2, 3 and 16 rows flip from run to run. Each
+    call takes the next of as many copies of the shape as fill ``COLD_BYTES``; the copies are dropped
+    afterwards, so a shape that loses costs no memory."""
     size = weight.numel() * weight.element_size()
     count = -(-COLD_BYTES // size)
-    plain = [weight.detach()] if count == 1 else [torch.full(tuple(weight.shape), 0.01) for _ in range(count)]
+    plain = [weight.detach()] if count == 1 else [torch.full(tuple(weight.shape), 0.01, dtype=weight.dtype)
+                                                            for _ in range(count)]
     packed = [torch.ops.mkldnn._reorder_linear_weight(w, None) for w in plain]
     generator = torch.Generator().manual_seed(0)
     times = {}
     for rows in TRIAL_ROWS:
-        x = torch.randn(rows, weight.shape[1], generator=generator)
+        x = torch.randn(rows, weight.shape[1], generator=generator, dtype=weight.dtype)
         turn = itertools.count()
         times[rows] = (_fastest(lambda: F.linear(x, plain[next(turn) % count])),
                        _fastest(lambda: torch.ops.mkldnn._linear_pointwise(x, packed[next(turn) % count], None,
