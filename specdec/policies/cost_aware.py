@@ -53,12 +53,17 @@ forward passes and no host syncs of its own:
   1 / probe_rate iterations); each probe that leaves the best k where it was makes the next one
   twice as rare, up to ``probe_backoff`` times, and a probe that moves it restores the rate: where
   speculation keeps not paying, probing (a drafted iteration at a loss) costs less and less.
-* **Catch-up is the plain steps' cost.** A model drafter that sat out plain steps (or has not read
-  the prompt yet) first reads every token committed meanwhile. That is not what an iteration of k
-  costs, so an iteration that drafts right after one that did not is not recorded as k (a probe out
-  of plain steps therefore drafts twice: the first pays the catch-up, the second is timed); what it
-  took beyond the fit's k is charged to the plain-step cell, spread over the run that caused it,
-  when the policy chose to draft again; when a probe did, the catch-up is the probe's price.
+* **Resuming has its own price.** A model drafter that sat out plain steps (or has not read the
+  prompt yet) first reads every token committed meanwhile, so an iteration that drafts right after
+  one that did not costs more than a drafted iteration in a run of them. It is not recorded as k
+  (a probe out of plain steps therefore drafts twice: the first pays the catch-up, the second is
+  timed); what it took beyond the fit's k is kept per batch-size bucket as the price of resuming,
+  and added to every k >= 1 when the iteration before was a plain step. So the policy leaves plain
+  steps only where drafting pays with its catch-up, and keeps drafting where it pays without. It
+  replaced charging the catch-up to the plain-step cell (stops 12-20), which made plain steps look
+  dearer than they are: on SmolLM2 at batch 4, on an AMD EPYC, the fit put a k = 1 iteration at
+  1.48 plain steps where it took 1.68, every k = 1 it chose lost, and the policy ran 0.94x of its
+  own plain steps; priced apart, 0.99x (``docs/benchmarks.md``, stop 21).
 
 ``clock`` (default ``time.perf_counter``) is injectable so tests drive the policy with a fake clock.
 ``decisions`` keeps the last choice made (for traces and tests).
@@ -289,7 +294,9 @@ class CostAwareLookahead(LookaheadPolicy):
     _pending: tuple | None = attrs.field(default=None, init=False, repr=False)
     _row_cuts: int = attrs.field(default=0, init=False, repr=False)  # state.row_cuts at the last lookahead
     _drafted: bool = attrs.field(default=False, init=False, repr=False)  # the last planned iteration drafted
-    _plain_run: int = attrs.field(default=0, init=False, repr=False)  # plain steps recorded since the last draft
+    # bucket -> [decayed weight, mean seconds] an iteration that drafts after a plain one takes beyond
+    # the fit's k: the drafter's catch-up, the price of resuming (kept across requests, like the fits)
+    _resume: dict[int, list[float]] = attrs.field(factory=dict, init=False, repr=False)
 
     # --- the estimates ---------------------------------------------------------------------------
 
@@ -404,7 +411,6 @@ class CostAwareLookahead(LookaheadPolicy):
         self._pending = None
         self._row_cuts = 0
         self._drafted = False
-        self._plain_run = 0
         self._probe_next = None
         self.requested = None
 
@@ -421,6 +427,9 @@ class CostAwareLookahead(LookaheadPolicy):
             initial = self.initial_k if self.initial_k is not None else min(max(4, self.min_k), self.max_k)
             k = 0 if single is not None and single[0] > 0 else initial
             return Decision(k=k, best_k=k, probing=True, batch=batch)
+        resume = self._resume.get(bucket_of(batch))
+        if not self._drafted and resume is not None:  # drafting now first pays the drafter's catch-up
+            costs = {k: seconds + resume[1] if k > 0 else seconds for k, seconds in costs.items()}
         gains = self.goodput(alpha, budget, costs)
         best = max(gains, key=lambda k: (gains[k], -k))
         if self._probe_next is not None:  # the timed half of a probe out of plain steps
@@ -484,31 +493,27 @@ class CostAwareLookahead(LookaheadPolicy):
         (the draft, the verify and the loop's sync, the drafter's cache bookkeeping after
         ``on_step``, rows leaving the batch) is inside. Not recorded: the first iteration of a
         request (it also reads the prompt), the last (no lookahead follows it), and one that
-        drafted after one that did not: the drafter's catch-up on the tokens it sat out is a cost
-        of those plain steps, so what that iteration took beyond the fit's k is charged to the
-        plain-step cell, spread over the run of plain steps that caused it, unless that iteration
-        was a probe (then the catch-up is what probing costs, kept rare by the probe back-off)."""
+        drafted after one that did not: what it took beyond the fit's k (the drafter's catch-up on
+        the tokens it sat out) is the price of resuming, kept apart (probes' included: resuming
+        costs that, whoever chose it)."""
         if self._pending is None:
             return
         previous, batch, width, started, warm, probe = self._pending
         self._pending = None
         if not (previous > 0 and iteration == previous + 1):
-            self._plain_run = 0
             return
-        fit = self._fits.setdefault(bucket_of(batch), CostFit(log_batch=math.log2(batch)))
+        bucket = bucket_of(batch)
+        fit = self._fits.setdefault(bucket, CostFit(log_batch=math.log2(batch)))
         if width == 0 or warm:
             fit.add(width, now - started, self.decay, self.load_rate)
-            self._plain_run = self._plain_run + 1 if width == 0 else 0
             return
         costs = fit.costs([width])
-        run, self._plain_run = self._plain_run, 0
-        # A probe's catch-up is the probe's price, not the plain steps': charged to them, it made
-        # plain steps look dearer the more often the policy probed out of them, so where drafting
-        # never pays (batch 16) it drafted more and its probes stopped backing off.
-        if costs is not None and run and not probe and fit.weight.get(0, 0.0) > 0:
-            # Not clipped at 0: a noisy negative excess cancels a noisy positive one instead of biasing k = 0 up.
+        if costs is not None:
+            # Not clipped at 0: a noisy negative excess cancels a noisy positive one.
             excess = (now - started) / fit.load - costs[width]
-            fit.mean[0] = max(fit.mean[0] + excess / run * min(1.0, run / fit.weight[0]), 1e-9)
+            cell = self._resume.setdefault(bucket, [0.0, 0.0])
+            cell[0] = cell[0] * self.decay + 1.0
+            cell[1] += (excess - cell[1]) / cell[0]
 
     def on_step(self, state, step) -> None:
         requested = self.requested
