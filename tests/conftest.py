@@ -18,6 +18,7 @@ from specdec.observers import Observer
 torch.set_num_threads(1)
 
 REAL_TIME_SHAPE = packed_linear.time_shape
+REAL_RECORDED, REAL_RECORD = packed_linear._recorded, packed_linear._record
 
 
 def pin_packing(monkeypatch, start: int | None = 4, smallest: int = 3 << 18) -> None:
@@ -30,6 +31,8 @@ def pin_packing(monkeypatch, start: int | None = 4, smallest: int = 3 << 18) -> 
 
     monkeypatch.setattr(packed_linear, "_FROM_ROWS", {})
     monkeypatch.setattr(packed_linear, "time_shape", timed)
+    monkeypatch.setattr(packed_linear, "_recorded", lambda: {})  # never what this machine measured before
+    monkeypatch.setattr(packed_linear, "_record", lambda key, start: None)
     monkeypatch.setattr(packed_linear, "MIN_WEIGHT", min(packed_linear.MIN_WEIGHT, smallest))
 
 

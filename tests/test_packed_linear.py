@@ -5,6 +5,7 @@ decoding stays exact."""
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
@@ -19,7 +20,7 @@ from specdec.errors import PackingWarning, RereadWarning
 from specdec.policies import ConstantLookahead
 
 from .architectures import tiny_family_model
-from .conftest import REAL_TIME_SHAPE, pin_packing
+from .conftest import REAL_RECORD, REAL_RECORDED, REAL_TIME_SHAPE, pin_packing
 from .test_pair import PAIR, needs_pair
 from .tiny_whisper import NO_TIMESTAMPS, SOT, TRANSCRIBE, decoder_of, features, tiny_whisper
 
@@ -113,6 +114,32 @@ def test_the_measurement_times_each_shape_once_on_this_machine(monkeypatch):
     assert packed_linear.packed_from(model) == min(starts.values(), default=None)
     packed_linear.packed_layers(torch.nn.Sequential(linear()))  # another model, a shape already timed
     assert len(calls) == 2
+
+
+@torch.no_grad()
+def test_a_measurement_is_kept_for_the_next_process_on_this_machine(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(packed_linear, "_recorded", REAL_RECORDED)
+    monkeypatch.setattr(packed_linear, "_record", REAL_RECORD)
+    timed = []
+    monkeypatch.setattr(packed_linear, "time_shape", lambda weight: timed.append(tuple(weight.shape)) or {
+        rows: (1.0, 0.5 if rows >= 3 else 1.0) for rows in packed_linear.TRIAL_ROWS})
+    weight = linear().weight
+    assert packed_linear.from_rows(weight) == 3 and timed == [(2048, 512)]
+    record = json.loads(packed_linear.measurements_file().read_text())
+    assert packed_linear.measurements_file() == tmp_path / "cache" / "packing.json"
+    assert list(record.values()) == [3] and list(record)[0].endswith(f"|{torch.get_num_threads()} threads|2048x512")
+    monkeypatch.setattr(packed_linear, "_FROM_ROWS", {})  # a new process
+    assert packed_linear.from_rows(weight) == 3 and len(timed) == 1  # read, not timed again
+    monkeypatch.setattr(packed_linear, "_FROM_ROWS", {})
+    packed_linear.measurements_file().write_text("not json")  # a damaged file: measured again, rewritten
+    assert packed_linear.from_rows(weight) == 3 and len(timed) == 2
+    assert len(json.loads(packed_linear.measurements_file().read_text())) == 1
+    monkeypatch.setattr(packed_linear, "_FROM_ROWS", {})
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    monkeypatch.setenv("SPECDEC_CACHE", str(blocked))  # a cache that cannot be written: kept in the process
+    assert packed_linear.from_rows(weight) == 3 and len(timed) == 3
 
 
 @torch.no_grad()
