@@ -126,6 +126,15 @@ def contenders(run: str, target, head, heuristic_max: int, only=(), other_head=N
             return out.sequences, observer.take()
         return go
 
+    def behind_lookup(which=head, then=2, n=2):
+        """Prompt lookup where the row's last n tokens recur, the head elsewhere (drafters/fallback.py)."""
+        return FallbackDrafter(NGramDrafter(max_ngram=3, min_ngram=n), HiddenStateDrafter(which), then_max_tokens=then)
+
+    def confidence_auto():
+        return DraftConfidenceLookahead(threshold="auto", max_tokens=10)
+
+    behind = "specdec ngram>=2 else hidden_state"  # the contenders' names behind prompt lookup
+
     found = {"target": plain(), "target (packed)": plain(packed=True)}
     if batch == 1:
         found["prompt lookup (10)"] = plain(prompt_lookup_num_tokens=10)
@@ -144,60 +153,34 @@ def contenders(run: str, target, head, heuristic_max: int, only=(), other_head=N
                                                    HeuristicLookahead(initial=3, max_tokens=heuristic_max))
     # Prompt lookup where it matches, the head elsewhere (drafters/fallback.py).
     for n, k, then in ((2, 6, 2), (3, 6, 2), (2, 10, 2), (2, 10, 3)):
-        found[f"specdec ngram>={n} else hidden_state k={k}/{then}"] = spec(
-            FallbackDrafter(NGramDrafter(max_ngram=3, min_ngram=n), HiddenStateDrafter(head), then_max_tokens=then),
-            ConstantLookahead(k=k))
+        found[f"specdec ngram>={n} else hidden_state k={k}/{then}"] = spec(behind_lookup(head, then=then, n=n), ConstantLookahead(k=k))
     # The policy that measures costs and falls back to plain steps where drafting does not pay.
     found["specdec hidden_state cost-aware"] = spec(HiddenStateDrafter(head), CostAwareLookahead())
-    found["specdec ngram>=2 else hidden_state cost-aware"] = spec(
-        FallbackDrafter(NGramDrafter(max_ngram=3, min_ngram=2), HiddenStateDrafter(head), then_max_tokens=2),
-        CostAwareLookahead())
-    found["specdec ngram>=2 else hidden_state cost-aware by position"] = spec(
-        FallbackDrafter(NGramDrafter(max_ngram=3, min_ngram=2), HiddenStateDrafter(head), then_max_tokens=2),
-        CostAwareLookahead(per_position=True))
+    found[f"{behind} cost-aware"] = spec(behind_lookup(), CostAwareLookahead())
+    found[f"{behind} cost-aware by position"] = spec(behind_lookup(), CostAwareLookahead(per_position=True))
     # The head's own confidence: a row stops drafting where its recalibrated q says the next token
     # is not worth its measured cost (threshold "auto"), so a doubtful first token costs a plain step.
     found["specdec hidden_state draft-confidence auto"] = spec(HiddenStateDrafter(head),
                                                                DraftConfidenceLookahead(threshold="auto", max_tokens=3))
-    found["specdec ngram>=2 else hidden_state draft-confidence auto"] = spec(
-        FallbackDrafter(NGramDrafter(max_ngram=3, min_ngram=2), HiddenStateDrafter(head), then_max_tokens=2),
-        DraftConfidenceLookahead(threshold="auto", max_tokens=10))
+    found[f"{behind} draft-confidence auto"] = spec(behind_lookup(), confidence_auto())
     # Multi-token steps on torch's own linear path instead of oneDNN-packed weights (core/packed_linear.py).
     found["specdec hidden_state k=3 (unpacked)"] = spec(HiddenStateDrafter(head), ConstantLookahead(k=3), packed=False)
     found["specdec ngram>=2 k=10 (unpacked)"] = spec(NGramDrafter(max_ngram=3, min_ngram=2), ConstantLookahead(k=10),
                                                      packed=False)
-    found["specdec ngram>=2 else hidden_state cost-aware (unpacked)"] = spec(
-        FallbackDrafter(NGramDrafter(max_ngram=3, min_ngram=2), HiddenStateDrafter(head), then_max_tokens=2),
-        CostAwareLookahead(), packed=False)
-    found["specdec ngram>=2 else hidden_state draft-confidence auto (unpacked)"] = spec(
-        FallbackDrafter(NGramDrafter(max_ngram=3, min_ngram=2), HiddenStateDrafter(head), then_max_tokens=2),
-        DraftConfidenceLookahead(threshold="auto", max_tokens=10), packed=False)
-    found["specdec ngram>=2 else hidden_state cost-aware (packed from 4 rows)"] = spec(
-        FallbackDrafter(NGramDrafter(max_ngram=3, min_ngram=2), HiddenStateDrafter(head), then_max_tokens=2),
-        CostAwareLookahead(), from_four_rows=True)
-    found["specdec ngram>=2 else hidden_state draft-confidence auto (packed from 4 rows)"] = spec(
-        FallbackDrafter(NGramDrafter(max_ngram=3, min_ngram=2), HiddenStateDrafter(head), then_max_tokens=2),
-        DraftConfidenceLookahead(threshold="auto", max_tokens=10), from_four_rows=True)
-    found["specdec ngram>=2 else hidden_state cost-aware (sorted top-p)"] = spec(
-        FallbackDrafter(NGramDrafter(max_ngram=3, min_ngram=2), HiddenStateDrafter(head), then_max_tokens=2),
-        CostAwareLookahead(), sorted_top_p=True)
+    found[f"{behind} cost-aware (unpacked)"] = spec(behind_lookup(), CostAwareLookahead(), packed=False)
+    found[f"{behind} draft-confidence auto (unpacked)"] = spec(behind_lookup(), confidence_auto(), packed=False)
+    found[f"{behind} cost-aware (packed from 4 rows)"] = spec(behind_lookup(), CostAwareLookahead(), from_four_rows=True)
+    found[f"{behind} draft-confidence auto (packed from 4 rows)"] = spec(behind_lookup(), confidence_auto(), from_four_rows=True)
+    found[f"{behind} cost-aware (sorted top-p)"] = spec(behind_lookup(), CostAwareLookahead(), sorted_top_p=True)
     found["specdec k=0 (sorted top-p)"] = spec(NGramDrafter(max_ngram=3), ConstantLookahead(k=0), sorted_top_p=True)
     # The head drafting up to 3 tokens behind prompt lookup, now that a 4-token verify costs less.
-    found["specdec ngram>=2 else hidden_state cost-aware then 3"] = spec(
-        FallbackDrafter(NGramDrafter(max_ngram=3, min_ngram=2), HiddenStateDrafter(head), then_max_tokens=3),
-        CostAwareLookahead())
-    found["specdec ngram>=2 else hidden_state draft-confidence auto then 3"] = spec(
-        FallbackDrafter(NGramDrafter(max_ngram=3, min_ngram=2), HiddenStateDrafter(head), then_max_tokens=3),
-        DraftConfidenceLookahead(threshold="auto", max_tokens=10))
+    found[f"{behind} cost-aware then 3"] = spec(behind_lookup(then=3), CostAwareLookahead())
+    found[f"{behind} draft-confidence auto then 3"] = spec(behind_lookup(then=3), confidence_auto())
     if other_head is not None:  # another head on the same prompts in the same run (--compare-head)
         found["specdec hidden_state k=2 (compared head)"] = spec(HiddenStateDrafter(other_head), ConstantLookahead(k=2))
         found["specdec hidden_state cost-aware (compared head)"] = spec(HiddenStateDrafter(other_head), CostAwareLookahead())
-        found["specdec ngram>=2 else hidden_state k=10/2 (compared head)"] = spec(
-            FallbackDrafter(NGramDrafter(max_ngram=3, min_ngram=2), HiddenStateDrafter(other_head), then_max_tokens=2),
-            ConstantLookahead(k=10))
-        found["specdec ngram>=2 else hidden_state cost-aware (compared head)"] = spec(
-            FallbackDrafter(NGramDrafter(max_ngram=3, min_ngram=2), HiddenStateDrafter(other_head), then_max_tokens=2),
-            CostAwareLookahead())
+        found[f"{behind} k=10/2 (compared head)"] = spec(behind_lookup(other_head), ConstantLookahead(k=10))
+        found[f"{behind} cost-aware (compared head)"] = spec(behind_lookup(other_head), CostAwareLookahead())
     return {name: go for name, go in found.items() if not only or name in only or name == "target"}
 
 

@@ -232,7 +232,7 @@ class TestTiming:
         fed(policy, 1, {0: 1.0, 2: 2.0, 4: 3.0})
         state = fake_state(1)
         policy.begin(state, None)
-        policy._pending = (1, 1, 0, now[0], True, False)  # iteration 1 was a plain step
+        policy._pending = (1, 1, 0, now[0], True)  # iteration 1 was a plain step
         policy._drafted = False
         for iteration, seconds in [(2, 9.0), (3, 2.0)]:  # iteration 2 drafts (catching up), then 3
             state.iteration = iteration
@@ -527,7 +527,7 @@ def after_a_plain_step(probe_rate: float):
     fed(policy, 1, {0: 1.0, 2: 2.0, 4: 3.0}, repeats=1)
     state = fake_state(1)
     policy.begin(state, None)
-    policy._pending, policy._drafted = (1, 1, 0, now[0], True, False), False  # iteration 1: a plain step
+    policy._pending, policy._drafted = (1, 1, 0, now[0], True), False  # iteration 1: a plain step
     now[0] += 1.0
     state.iteration = 2
     return policy, policy._fits[1], state, now

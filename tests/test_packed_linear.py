@@ -136,10 +136,14 @@ def test_a_measurement_is_kept_for_the_next_process_on_this_machine(monkeypatch,
     assert packed_linear.from_rows(weight) == 3 and len(timed) == 2
     assert len(json.loads(packed_linear.measurements_file().read_text())) == 1
     monkeypatch.setattr(packed_linear, "_FROM_ROWS", {})
+    key = list(json.loads(packed_linear.measurements_file().read_text()))[0]
+    packed_linear.measurements_file().write_text(json.dumps({key: "3"}))  # not a width: timed again
+    assert packed_linear.from_rows(weight) == 3 and len(timed) == 3
+    monkeypatch.setattr(packed_linear, "_FROM_ROWS", {})
     blocked = tmp_path / "file"
     blocked.write_text("")
     monkeypatch.setenv("SPECDEC_CACHE", str(blocked))  # a cache that cannot be written: kept in the process
-    assert packed_linear.from_rows(weight) == 3 and len(timed) == 3
+    assert packed_linear.from_rows(weight) == 3 and len(timed) == 4
 
 
 @torch.no_grad()

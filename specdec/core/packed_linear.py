@@ -12,13 +12,13 @@ vLLM's CPU backend does for every linear layer.
 
 Which CPU decides where that starts, so the threshold is measured, not assumed: the first time a
 weight shape is packed, ``from_rows`` times it on torch's path and packed at ``TRIAL_ROWS`` and
-keeps, for the process, the fewest rows from which packed is at least ``1 / MARGIN`` times as fast
-at every trial width (or never). On the Xeon above torch's path holds up to 3 rows and a
+keeps the fewest rows from which packed is at least ``1 / MARGIN`` times as fast at every trial
+width (or never), for the process and, in ``measurements_file()``, for the next ones on this machine. On the Xeon above torch's path holds up to 3 rows and a
 576 x 576 weight runs 1.3-1.4x slower packed at 4-8 rows (oneDNN's fixed cost per call is more
 than sgemm's repacking saves there). On an AMD EPYC (Zen 4, family 25 model 17, 2 vCPUs) MKL's sgemm runs 2
 and 3 rows at 2.3x and 3.3x the time of one row (a 49152 x 576 weight: 10.1, 22.9 and 33.2 ms)
 and packed wins from 2 rows on every weight measured, small ones included (docs/benchmarks.md,
-stop 21). Timing the shapes costs about half a second for SmolLM2-135M, once.
+stop 21). Timing the shapes costs 1.0 s for SmolLM2-135M on that EPYC, once per machine.
 
 ``packed_steps(model, rows)`` runs, for one forward over ``rows`` tokens (batch x block), every
 ``nn.Linear`` of ``model`` whose weight shape was measured faster packed at that many rows on its
@@ -212,11 +212,15 @@ def _cpu_name() -> str:
 
 
 def _recorded() -> dict:
+    """What ``measurements_file()`` holds; entries that are not a trial width or null (a file edited
+    by hand, or damaged) are left out, so those shapes are timed again."""
     try:
         data = json.loads(measurements_file().read_text())
     except (OSError, ValueError):
         return {}
-    return data if isinstance(data, dict) else {}
+    if not isinstance(data, dict):
+        return {}
+    return {key: start for key, start in data.items() if start is None or start in TRIAL_ROWS}
 
 
 def _record(key: str, start: int | None) -> None:

@@ -475,7 +475,7 @@ class CostAwareLookahead(LookaheadPolicy):
         requested = [min(b, k) for b in budget]
         self.requested = torch.tensor(requested, dtype=torch.long)
         width = max(requested, default=0)
-        self._pending = (state.iteration, batch, width, now, self._drafted, self.decision.probing)
+        self._pending = (state.iteration, batch, width, now, self._drafted)
         self._drafted = width > 0
         return torch.full((batch,), k, dtype=torch.long)
 
@@ -484,8 +484,8 @@ class CostAwareLookahead(LookaheadPolicy):
         asked for: for a policy whose lookahead is only a cap (a confidence stop decides the width,
         and the width is what the iteration cost). Call it before ``on_step``."""
         if self._pending is not None:
-            iteration, batch, _, started, warm, probe = self._pending
-            self._pending = (iteration, batch, width, started, warm, probe)
+            iteration, batch, _, started, warm = self._pending
+            self._pending = (iteration, batch, width, started, warm)
         self._drafted = width > 0
 
     def _record(self, iteration: int, now: float) -> None:
@@ -498,7 +498,7 @@ class CostAwareLookahead(LookaheadPolicy):
         costs that, whoever chose it)."""
         if self._pending is None:
             return
-        previous, batch, width, started, warm, probe = self._pending
+        previous, batch, width, started, warm = self._pending
         self._pending = None
         if not (previous > 0 and iteration == previous + 1):
             return
