@@ -27,7 +27,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from specdec.core.packed_linear import (MIN_WEIGHT, available, from_rows, pack, packed_layers,  # noqa: E402
-                                        packed_steps, packed_weight)
+                                        packed_steps, packed_weight, padded_widths)
 
 SHAPES = [(49152, 576), (51865, 512), (4096, 512), (1536, 576), (576, 1536), (2048, 512), (1024, 512), (576, 576),
           (512, 512), (192, 576)]
@@ -68,6 +68,8 @@ def main() -> None:
                 cells.append(f"{plain:.3f} / {fast:.3f} ({fast / plain:.2f})")
             start = from_rows(weight) if weight.numel() >= MIN_WEIGHT else None
             chosen = "no (small)" if weight.numel() < MIN_WEIGHT else "never" if start is None else f"from {start} rows"
+            if start is not None and (widths := padded_widths(weight)):
+                chosen += ", " + ", ".join(f"{n} padded to {wide}" for n, wide in widths.items() if n >= start)
             print(f"| {out_features} x {in_features} | {chosen} | " + " | ".join(cells) + " |")
         if args.model:
             from transformers import AutoModelForCausalLM
@@ -76,8 +78,10 @@ def main() -> None:
             prompt = torch.randint(0, model.config.vocab_size, (1, 100))
             cache = model(prompt, use_cache=True).past_key_values
             print(f"\n{args.model}: forward over n tokens after a 100-token prompt, torch / packed ms (ratio)")
-            print("packed from: " + ", ".join(f"{out} x {inp}: {start}" for (out, inp), start in sorted(
-                {(tuple(m.weight.shape), start) for m, start in packed_layers(model)})))
+            print("packed from: " + ", ".join(
+                f"{out} x {inp}: {start}" + "".join(f", {n} -> {wide}" for n, wide in widths if n >= start)
+                for (out, inp), start, widths in sorted({(tuple(m.weight.shape), start, tuple(padded_widths(m.weight).items()))
+                                                          for m, start in packed_layers(model)})))
             pack(model)
             # Interleaved (torch, packed, torch, ...) so that a neighbour's load hits both alike; the
             # cache is copied fresh before each call, outside the timed forward.

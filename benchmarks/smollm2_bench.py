@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from datetime import date
 from pathlib import Path
 
@@ -69,6 +69,31 @@ class PositionStats(Observer):
         return out
 
 
+@contextmanager
+def packing_rule(rule: str | None):
+    """Another rule for where packing starts than the measured one, for a contender: "packed from 4
+    rows" is stop 20's fixed rule (weights of 3 MiB or more, from 4 rows), "unpadded" the measured
+    start without padding a call to a faster, wider width; to tell on this CPU what each gained."""
+    if rule is None:
+        yield
+        return
+    saved = packed_linear.from_rows, packed_linear.padded_widths, dict(packed_linear._LINEARS)
+    if rule == "packed from 4 rows":
+        packed_linear.from_rows = lambda weight: 4 if weight.numel() >= 3 << 18 else None
+        packed_linear.padded_widths = lambda weight: {}
+    elif rule == "unpadded":
+        packed_linear.padded_widths = lambda weight: {}
+    else:
+        raise ValueError(f"unknown packing rule {rule!r}")
+    packed_linear._LINEARS.clear()
+    try:
+        yield
+    finally:
+        packed_linear.from_rows, packed_linear.padded_widths = saved[:2]
+        packed_linear._LINEARS.clear()
+        packed_linear._LINEARS.update(saved[2])
+
+
 def new_tokens(sequences: torch.Tensor, prompt_width: int, eos: int) -> list[list[int]]:
     """Each row's new tokens up to and including the first eos."""
     rows = []
@@ -100,7 +125,7 @@ def contenders(run: str, target, head, heuristic_max: int, only=(), other_head=N
                 return target.generate(**inputs, **kwargs, **extra), None
         return go
 
-    def spec(drafter, policy, packed=True, sorted_top_p=False, from_four_rows=False):
+    def spec(drafter, policy, packed=True, sorted_top_p=False, rule=None):
         decoder = SpeculativeDecoder(target=target, drafter=drafter, policy=policy, verifier=verifier,
                                      observers=[observer], packed_weights=packed)
 
@@ -109,20 +134,11 @@ def contenders(run: str, target, head, heuristic_max: int, only=(), other_head=N
             # not specdec's nucleus read from the top candidates (core/state.py, _NucleusTopP).
             candidates = state_module.NUCLEUS_CANDIDATES
             state_module.NUCLEUS_CANDIDATES = 0 if sorted_top_p else candidates
-            # from_four_rows: stop 20's fixed rule instead of the measured one (weights of 3 MiB or
-            # more, packed from 4 rows), to tell on this CPU what measuring where packing starts gained.
-            measured, linears = packed_linear.from_rows, dict(packed_linear._LINEARS)
-            if from_four_rows:
-                packed_linear.from_rows = lambda weight: 4 if weight.numel() >= 3 << 18 else None
-                packed_linear._LINEARS.clear()
             try:
-                out = decoder.generate(**inputs, **kwargs)
+                with packing_rule(rule):
+                    out = decoder.generate(**inputs, **kwargs)
             finally:
                 state_module.NUCLEUS_CANDIDATES = candidates
-                if from_four_rows:
-                    packed_linear.from_rows = measured
-                    packed_linear._LINEARS.clear()
-                    packed_linear._LINEARS.update(linears)
             return out.sequences, observer.take()
         return go
 
@@ -169,8 +185,9 @@ def contenders(run: str, target, head, heuristic_max: int, only=(), other_head=N
                                                      packed=False)
     found[f"{behind} cost-aware (unpacked)"] = spec(behind_lookup(), CostAwareLookahead(), packed=False)
     found[f"{behind} draft-confidence auto (unpacked)"] = spec(behind_lookup(), confidence_auto(), packed=False)
-    found[f"{behind} cost-aware (packed from 4 rows)"] = spec(behind_lookup(), CostAwareLookahead(), from_four_rows=True)
-    found[f"{behind} draft-confidence auto (packed from 4 rows)"] = spec(behind_lookup(), confidence_auto(), from_four_rows=True)
+    for rule in ("packed from 4 rows", "unpadded"):
+        found[f"{behind} cost-aware ({rule})"] = spec(behind_lookup(), CostAwareLookahead(), rule=rule)
+        found[f"{behind} draft-confidence auto ({rule})"] = spec(behind_lookup(), confidence_auto(), rule=rule)
     found[f"{behind} cost-aware (sorted top-p)"] = spec(behind_lookup(), CostAwareLookahead(), sorted_top_p=True)
     found["specdec k=0 (sorted top-p)"] = spec(NGramDrafter(max_ngram=3), ConstantLookahead(k=0), sorted_top_p=True)
     # The head drafting up to 3 tokens behind prompt lookup, now that a 4-token verify costs less.

@@ -39,10 +39,10 @@ class PackCounter:
         self.weights = []
         original = packed_linear._packed_forward
 
-        def counting(module, start, x):
+        def counting(module, start, widths, x):
             if x.numel() >= start * x.shape[-1]:
                 self.weights.append(module.weight)
-            return original(module, start, x)
+            return original(module, start, widths, x)
 
         monkeypatch.setattr(packed_linear, "_packed_forward", counting)
 
@@ -82,16 +82,46 @@ def test_what_stays_on_torchs_path(monkeypatch):
 
 
 def test_where_packing_starts_is_the_fewest_rows_from_which_it_wins_at_every_width():
-    def table(ratios):  # rows -> packed / torch
-        return {rows: (1.0, ratio) for rows, ratio in zip(packed_linear.TRIAL_ROWS, ratios)}
+    def table(*pairs):  # (torch's ms, packed ms) at each trial width
+        return dict(zip(packed_linear.TRIAL_ROWS, pairs))
 
     assert packed_linear.TRIAL_ROWS == (2, 3, 4, 8, 16)
-    assert packed_linear.first_faster(table([0.38, 0.18, 0.31, 0.40, 0.44])) == 2  # the EPYC's LM head
-    assert packed_linear.first_faster(table([1.05, 1.00, 0.57, 0.42, 0.40])) == 4  # the Xeon's
-    assert packed_linear.first_faster(table([0.50, 0.95, 0.80, 0.70, 0.60])) == 4  # a loss at 3 rows
-    assert packed_linear.first_faster(table([0.91, 0.90, 0.90, 0.90, 0.90])) == 3  # MARGIN: at most 0.9
-    assert packed_linear.first_faster(table([0.50, 0.50, 0.50, 0.50, 1.30])) is None  # loses at the widest
-    assert packed_linear.first_faster(table([1.30, 1.40, 1.35, 1.30, 1.20])) is None  # the Xeon's 576 x 576
+    epyc_head = table((24.2, 9.7), (37.0, 7.2), (19.6, 6.2), (20.8, 8.6), (27.3, 11.3))
+    xeon_head = table((7.0, 7.6), (8.9, 8.6), (13.9, 8.0), (22.9, 9.7), (17.2, 12.2))
+    assert packed_linear.first_faster(epyc_head) == 2
+    assert packed_linear.first_faster(xeon_head) == 4
+    assert packed_linear.first_faster(table((1.0, 0.5), (1.0, 0.95), (1.5, 0.9), (2.0, 1.2), (3.0, 2.0))) == 4  # a loss at 3
+    assert packed_linear.first_faster(table((1.0, 0.91), (1.0, 0.9), (1.0, 0.9), (1.0, 0.9), (1.0, 0.9))) == 3  # MARGIN
+    assert packed_linear.first_faster(table((1.0, 0.5), (1.0, 0.5), (1.0, 0.5), (1.0, 0.5), (1.0, 1.3))) is None  # widest
+    assert packed_linear.first_faster(table((1.3, 1.7), (1.7, 2.4), (2.5, 3.5), (4.4, 5.6), (9.3, 7.5))) == 16  # Xeon 576 x 576
+    # A 2-row call that loses packed but wins padded to 4 rows starts packing at 2 rows, padded.
+    assert packed_linear.first_faster(table((1.0, 1.0), (1.2, 1.1), (1.5, 0.5), (2.0, 0.9), (3.0, 1.5))) == 2
+
+
+def test_a_packed_call_is_padded_to_a_wider_width_that_is_measured_faster(monkeypatch):
+    def table(*packed):
+        return {rows: (1.0, ms) for rows, ms in zip(packed_linear.TRIAL_ROWS, packed)}
+
+    # SmolLM2's head on the EPYC, cold (ms packed): oneDNN's 2-row kernel is its slowest.
+    assert packed_linear.pad_widths(table(8.98, 6.28, 5.82, 7.80, 11.0)) == {2: 4}  # 3 -> 4 saves 7%: not MARGIN
+    assert packed_linear.pad_widths(table(9.0, 6.0, 4.0, 4.5, 3.0)) == {2: 16, 3: 16, 4: 16, 8: 16}  # the fastest
+    assert packed_linear.pad_widths(table(1.0, 1.0, 1.1, 2.0, 4.0)) == {}  # each width costs what it holds
+
+    seen = []
+    kernel = torch.ops.mkldnn._linear_pointwise
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", lambda x, *rest: seen.append(x.shape[0]) or kernel(x, *rest))
+    monkeypatch.setattr(packed_linear, "time_shape", lambda weight: {
+        rows: (2.0, ms) for rows, ms in zip(packed_linear.TRIAL_ROWS, (1.5, 0.6, 0.5, 0.9, 1.6))})
+    layer = linear()
+    assert packed_linear.from_rows(layer.weight) == 2 and packed_linear.padded_widths(layer.weight) == {2: 4, 3: 4}
+    with torch.no_grad():
+        for shape in ((1, 2, 512), (2, 1, 512), (3, 512), (5, 512), (1, 1, 512)):
+            x = torch.randn(shape)
+            with packed_linear.packed_steps(layer, rows=x.numel() // 512):
+                out = layer(x)
+            assert out.shape == (*shape[:-1], 2048)  # the padding's rows dropped
+            torch.testing.assert_close(out, F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+    assert seen == [4, 4, 4, 5]  # 2 and 3 rows padded to 4; 5 rows (not a trial width) as they are; 1 row never packed
 
 
 @torch.no_grad()
@@ -122,28 +152,34 @@ def test_a_measurement_is_kept_for_the_next_process_on_this_machine(monkeypatch,
     monkeypatch.setattr(packed_linear, "_recorded", REAL_RECORDED)
     monkeypatch.setattr(packed_linear, "_record", REAL_RECORD)
     timed = []
-    monkeypatch.setattr(packed_linear, "time_shape", lambda weight: timed.append(tuple(weight.shape)) or {
-        rows: (1.0, 0.5 if rows >= 3 else 1.0) for rows in packed_linear.TRIAL_ROWS})
+    times = {2: (1.0, 1.0), 3: (1.0, 0.5), 4: (1.2, 0.4), 8: (1.5, 0.6), 16: (2.0, 1.0)}
+    monkeypatch.setattr(packed_linear, "time_shape", lambda weight: timed.append(tuple(weight.shape)) or times)
     weight = linear().weight
-    assert packed_linear.from_rows(weight) == 3 and timed == [(2048, 512)]
+    assert packed_linear.from_rows(weight) == 2 and timed == [(2048, 512)]  # 2 rows: packed when padded to 4
+    assert packed_linear.padded_widths(weight) == {2: 4, 3: 4}
     record = json.loads(packed_linear.measurements_file().read_text())
     assert packed_linear.measurements_file() == tmp_path / "cache" / "packing.json"
-    assert list(record.values()) == [3] and list(record)[0].endswith(f"|{torch.get_num_threads()} threads|2048x512")
-    monkeypatch.setattr(packed_linear, "_FROM_ROWS", {})  # a new process
-    assert packed_linear.from_rows(weight) == 3 and len(timed) == 1  # read, not timed again
-    monkeypatch.setattr(packed_linear, "_FROM_ROWS", {})
+    assert list(record.values()) == [{str(rows): list(pair) for rows, pair in times.items()}]  # the times, not a rule
+    assert list(record)[0].endswith(f"|{torch.get_num_threads()} threads|2048x512")
+    monkeypatch.setattr(packed_linear, "_MEASURED", {})  # a new process
+    assert packed_linear.from_rows(weight) == 2 and len(timed) == 1  # read, not timed again
+    assert packed_linear.padded_widths(weight) == {2: 4, 3: 4} and len(timed) == 1
+    monkeypatch.setattr(packed_linear, "_MEASURED", {})
     packed_linear.measurements_file().write_text("not json")  # a damaged file: measured again, rewritten
-    assert packed_linear.from_rows(weight) == 3 and len(timed) == 2
+    assert packed_linear.from_rows(weight) == 2 and len(timed) == 2
     assert len(json.loads(packed_linear.measurements_file().read_text())) == 1
-    monkeypatch.setattr(packed_linear, "_FROM_ROWS", {})
     key = list(json.loads(packed_linear.measurements_file().read_text()))[0]
-    packed_linear.measurements_file().write_text(json.dumps({key: "3"}))  # not a width: timed again
-    assert packed_linear.from_rows(weight) == 3 and len(timed) == 3
-    monkeypatch.setattr(packed_linear, "_FROM_ROWS", {})
+    for damaged in ("3", 3, {"2": [1.0, 1.0]}, {**record[key], "16": [1.0, -1.0]}, {**record[key], "16": "fast"}):
+        # a rule from before times were kept, a width missing, a time that is not one: timed again
+        monkeypatch.setattr(packed_linear, "_MEASURED", {})
+        packed_linear.measurements_file().write_text(json.dumps({key: damaged}))
+        before = len(timed)
+        assert packed_linear.from_rows(weight) == 2 and len(timed) == before + 1
+    monkeypatch.setattr(packed_linear, "_MEASURED", {})
     blocked = tmp_path / "file"
     blocked.write_text("")
     monkeypatch.setenv("SPECDEC_CACHE", str(blocked))  # a cache that cannot be written: kept in the process
-    assert packed_linear.from_rows(weight) == 3 and len(timed) == 4
+    assert packed_linear.from_rows(weight) == 2 and len(timed) == 8
 
 
 @torch.no_grad()

@@ -11,14 +11,21 @@ where oneDNN's matmul over the same weight reordered once into its blocked layou
 vLLM's CPU backend does for every linear layer.
 
 Which CPU decides where that starts, so the threshold is measured, not assumed: the first time a
-weight shape is packed, ``from_rows`` times it on torch's path and packed at ``TRIAL_ROWS`` and
-keeps the fewest rows from which packed is at least ``1 / MARGIN`` times as fast at every trial
-width (or never), for the process and, in ``measurements_file()``, for the next ones on this machine. On the Xeon above torch's path holds up to 3 rows and a
+weight shape is packed, ``measured`` times it on torch's path and packed at ``TRIAL_ROWS`` and keeps
+the times for the process and, in ``measurements_file()``, for the next ones on this machine;
+``from_rows`` is the fewest rows from which packed is at least ``1 / MARGIN`` times as fast at every
+trial width (or never). On the Xeon above torch's path holds up to 3 rows and a
 576 x 576 weight runs 1.3-1.4x slower packed at 4-8 rows (oneDNN's fixed cost per call is more
 than sgemm's repacking saves there). On an AMD EPYC (Zen 4, family 25 model 17, 2 vCPUs) MKL's sgemm runs 2
 and 3 rows at 2.3x and 3.3x the time of one row (a 49152 x 576 weight: 10.1, 22.9 and 33.2 ms)
 and packed wins from 2 rows on every weight measured, small ones included (docs/benchmarks.md,
 stop 21). Timing the shapes costs 1.0 s for SmolLM2-135M on that EPYC, once per machine.
+
+The same timings say where a wider call is cheaper than a narrower one: on that EPYC oneDNN's 2-row
+kernel is its slowest (SmolLM2's head: 9.0 ms for 2 rows packed, 5.8 ms for 4; its whole forward
+68.6 ms over 2 tokens, 53.9 over 3), so a packed call of a trial width is padded with zero rows to
+the wider trial width that takes at most ``MARGIN`` of its time (``padded_widths``), and the
+padding's outputs dropped. Each row's output is its own, whatever else the call holds.
 
 ``packed_steps(model, rows)`` runs, for one forward over ``rows`` tokens (batch x block), every
 ``nn.Linear`` of ``model`` whose weight shape was measured faster packed at that many rows on its
@@ -75,7 +82,8 @@ TIMING_REPEATS = 3
 COLD_BYTES = 64 << 20
 TIMING_BUDGET = 2e-3  # seconds per shape, width and path: enough repeats for a small weight
 
-_FROM_ROWS: dict[tuple[int, int], int | None] = {}  # weight shape -> rows from which packed is faster (None: never)
+# weight shape -> {rows: (torch's seconds, packed seconds)} on this machine (time_shape)
+_MEASURED: dict[tuple[int, int], dict[int, tuple[float, float]]] = {}
 _PACKED: WeakIdKeyDictionary = WeakIdKeyDictionary()  # weight -> (its _version when packed, packed weight)
 # model -> [(an nn.Linear worth packing, the rows from which it is packed)]
 _LINEARS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -104,7 +112,7 @@ def packed_steps(model: torch.nn.Module, rows: int):
         return
     switched = [(module, start) for module, start in packed_layers(model) if start <= rows]
     for module, start in switched:
-        module.forward = functools.partial(_packed_forward, module, start)
+        module.forward = functools.partial(_packed_forward, module, start, padded_widths(module.weight))
     try:
         yield
     finally:
@@ -173,19 +181,30 @@ def packed_layers(model: torch.nn.Module) -> list[tuple[torch.nn.Linear, int]]:
 
 def from_rows(weight: torch.Tensor) -> int | None:
     """The fewest rows from which a weight of ``weight``'s shape runs faster packed on this machine
-    (None: at no width tried), timed the first time the shape is asked for and kept for the process,
-    and in ``measurements_file()`` for the next ones on this machine (the bundled target's five
-    shapes take 0.4 s to time, as long as its whole 128-token answer)."""
+    (None: at no width tried; ``first_faster`` of its ``measured`` times)."""
+    return first_faster(measured(weight))
+
+
+def padded_widths(weight: torch.Tensor) -> dict[int, int]:
+    """``{rows: wider rows}``: the packed calls of ``weight``'s shape that run faster padded to a wider
+    width on this machine (``pad_widths`` of its ``measured`` times)."""
+    return pad_widths(measured(weight))
+
+
+def measured(weight: torch.Tensor) -> dict[int, tuple[float, float]]:
+    """``time_shape`` of ``weight``'s shape on this machine, timed the first time the shape is asked
+    for and kept for the process, and in ``measurements_file()`` for the next ones on this machine
+    (the bundled target's five shapes take 0.4 s to time, as long as its whole 128-token answer)."""
     shape = tuple(weight.shape)
-    if shape not in _FROM_ROWS:
+    if shape not in _MEASURED:
         key = _machine_key(shape)
         recorded = _recorded()
         if key in recorded:
-            _FROM_ROWS[shape] = recorded[key]
+            _MEASURED[shape] = recorded[key]
         else:
-            _FROM_ROWS[shape] = first_faster(time_shape(weight))
-            _record(key, _FROM_ROWS[shape])
-    return _FROM_ROWS[shape]
+            _MEASURED[shape] = time_shape(weight)
+            _record(key, _MEASURED[shape])
+    return _MEASURED[shape]
 
 
 def measurements_file() -> Path:
@@ -211,25 +230,34 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def _recorded() -> dict:
-    """What ``measurements_file()`` holds; entries that are not a trial width or null (a file edited
-    by hand, or damaged) are left out, so those shapes are timed again."""
+def _recorded() -> dict[str, dict[int, tuple[float, float]]]:
+    """What ``measurements_file()`` holds; an entry that is not a time pair for each trial width (a
+    file edited by hand, damaged, or written for other trial widths) is left out, so that shape is
+    timed again."""
     try:
         data = json.loads(measurements_file().read_text())
     except (OSError, ValueError):
         return {}
     if not isinstance(data, dict):
         return {}
-    return {key: start for key, start in data.items() if start is None or start in TRIAL_ROWS}
+    recorded = {}
+    for key, entry in data.items():
+        if not isinstance(entry, dict) or sorted(entry) != sorted(str(rows) for rows in TRIAL_ROWS):
+            continue
+        pairs = list(entry.values())
+        if all(isinstance(pair, list) and len(pair) == 2 and all(isinstance(t, (int, float)) and 0 < t < math.inf
+                                                                  for t in pair) for pair in pairs):
+            recorded[key] = {int(rows): tuple(pair) for rows, pair in entry.items()}
+    return recorded
 
 
-def _record(key: str, start: int | None) -> None:
-    """Add one measurement to the file; where the cache cannot be written, the process keeps it alone."""
+def _record(key: str, times: dict[int, tuple[float, float]]) -> None:
+    """Add one shape's times to the file; where the cache cannot be written, the process keeps them alone."""
     path = measurements_file()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        data = _recorded()
-        data[key] = start
+        data = {known: {str(rows): list(pair) for rows, pair in entry.items()} for known, entry in _recorded().items()}
+        data[key] = {str(rows): list(pair) for rows, pair in times.items()}
         scratch = path.with_name(f".{path.name}.{os.getpid()}")
         scratch.write_text(json.dumps(data, indent=1, sort_keys=True))
         os.replace(scratch, path)
@@ -238,15 +266,30 @@ def _record(key: str, start: int | None) -> None:
 
 
 def first_faster(times: dict[int, tuple[float, float]]) -> int | None:
-    """From ``{rows: (torch's seconds, packed seconds)}``: the fewest rows from which packed takes at
-    most ``MARGIN`` of torch's time at every width timed (None when it does not at the widest)."""
+    """From ``{rows: (torch's seconds, packed seconds)}``: the fewest rows from which packed (padded
+    where ``pad_widths`` says so) takes at most ``MARGIN`` of torch's time at every width timed (None
+    when it does not at the widest)."""
+    widths = pad_widths(times)
     start = None
     for rows in sorted(times, reverse=True):
-        plain, packed = times[rows]
+        plain, packed = times[rows][0], times[widths.get(rows, rows)][1]
         if packed > MARGIN * plain:
             break
         start = rows
     return start
+
+
+def pad_widths(times: dict[int, tuple[float, float]]) -> dict[int, int]:
+    """From ``{rows: (torch's seconds, packed seconds)}``: each trial width whose packed call is
+    faster padded to a wider trial width, mapped to the fastest such width, where that takes at most
+    ``MARGIN`` of its own time."""
+    widths = {}
+    for rows in sorted(times):
+        _, own = times[rows]
+        wider = min((width for width in times if width > rows), key=lambda width: times[width][1], default=None)
+        if wider is not None and times[wider][1] <= MARGIN * own:
+            widths[rows] = wider
+    return widths
 
 
 @torch.no_grad()
@@ -302,9 +345,12 @@ def free_memory() -> int | None:
         return None
 
 
-def _packed_forward(module: torch.nn.Linear, start: int, x: torch.Tensor) -> torch.Tensor:
+def _packed_forward(module: torch.nn.Linear, start: int, widths: dict[int, int], x: torch.Tensor) -> torch.Tensor:
     if x.dtype != torch.float32 or x.dim() < 2 or x.numel() < start * x.shape[-1] or torch.is_grad_enabled():
         return F.linear(x, module.weight, module.bias)
-    out = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), packed_weight(module.weight), module.bias,
-                                             "none", [], "")
-    return out.reshape(*x.shape[:-1], module.weight.shape[0])
+    flat = x.reshape(-1, x.shape[-1])
+    rows = flat.shape[0]
+    if rows in widths:
+        flat = F.pad(flat, (0, 0, 0, widths[rows] - rows))
+    out = torch.ops.mkldnn._linear_pointwise(flat, packed_weight(module.weight), module.bias, "none", [], "")
+    return out[:rows].reshape(*x.shape[:-1], module.weight.shape[0])
