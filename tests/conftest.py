@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import weakref
 
 import pytest
 import torch
@@ -30,6 +31,7 @@ def pin_packing(monkeypatch, start: int | None = 4, smallest: int = 3 << 18) -> 
         return {rows: (1.0, 0.5) if wins and rows >= start else (0.5, 1.0) for rows in packed_linear.TRIAL_ROWS}
 
     monkeypatch.setattr(packed_linear, "_MEASURED", {})
+    monkeypatch.setattr(packed_linear, "_LINEARS", weakref.WeakKeyDictionary())  # models cached across tests
     monkeypatch.setattr(packed_linear, "time_shape", timed)
     monkeypatch.setattr(packed_linear, "_recorded", lambda: {})  # never what this machine measured before
     monkeypatch.setattr(packed_linear, "_record", lambda key, times: None)
