@@ -22,13 +22,15 @@ REAL_TIME_SHAPE = packed_linear.time_shape
 REAL_RECORDED, REAL_RECORD = packed_linear._recorded, packed_linear._record
 
 
-def pin_packing(monkeypatch, start: int | None = 4, smallest: int = 3 << 18) -> None:
+def pin_packing(monkeypatch, start: int | None = 4, smallest: int = 3 << 18, one_row: bool = False) -> None:
     """Make packed_linear's timing say that packed weights are faster from ``start`` rows (None:
-    never) for weights of ``smallest`` elements or more, and never for smaller ones."""
+    never), and at one row (a drafter's step) with ``one_row``, for weights of ``smallest`` elements
+    or more, and never for smaller ones."""
 
     def timed(weight):  # torch's path cheap below start, so that padding to start rows does not pay either
         wins = start is not None and weight.numel() >= smallest
-        return {rows: (1.0, 0.5) if wins and rows >= start else (0.5, 1.0) for rows in packed_linear.TRIAL_ROWS}
+        return {rows: (1.0, 0.5) if wins and (rows >= start or rows == 1 and one_row) else (0.5, 1.0)
+                for rows in packed_linear.TRIAL_ROWS}
 
     monkeypatch.setattr(packed_linear, "_MEASURED", {})
     monkeypatch.setattr(packed_linear, "_LINEARS", weakref.WeakKeyDictionary())  # models cached across tests

@@ -15,7 +15,7 @@ from transformers import GenerationMixin
 from specdec import ConfigError, SpeculativeDecoder
 from specdec.config import SpecdecConfig
 from specdec.core import packed_linear
-from specdec.drafters import NGramDrafter, SharedEncoderDrafter
+from specdec.drafters import ModelDrafter, NGramDrafter, SharedEncoderDrafter
 from specdec.errors import PackingWarning, RereadWarning
 from specdec.policies import ConstantLookahead
 
@@ -33,21 +33,21 @@ def linear(out_features=2048, in_features=512, bias=True, dtype=torch.float32) -
 
 
 class PackCounter:
-    """Records the weight of every linear call that ran on a packed weight, by identity."""
+    """Records the weight and rows of every linear call that ran on a packed weight, by identity."""
 
     def __init__(self, monkeypatch):
-        self.weights = []
+        self.calls = []
         original = packed_linear._packed_forward
 
         def counting(module, start, widths, x):
             if x.numel() >= start * x.shape[-1]:
-                self.weights.append(module.weight)
+                self.calls.append((module.weight, x.numel() // x.shape[-1]))
             return original(module, start, widths, x)
 
         monkeypatch.setattr(packed_linear, "_packed_forward", counting)
 
-    def packed(self, weight) -> int:
-        return sum(w is weight for w in self.weights)
+    def packed(self, weight, rows: int | None = None) -> int:
+        return sum(w is weight and rows in (None, n) for w, n in self.calls)
 
 
 @torch.no_grad()
@@ -83,9 +83,9 @@ def test_what_stays_on_torchs_path(monkeypatch):
 
 def test_where_packing_starts_is_the_fewest_rows_from_which_it_wins_at_every_width():
     def table(*pairs):  # (torch's ms, packed ms) at each trial width
-        return dict(zip(packed_linear.TRIAL_ROWS, pairs))
+        return dict(zip(packed_linear.TRIAL_ROWS[1:], pairs))
 
-    assert packed_linear.TRIAL_ROWS == (2, 3, 4, 8, 16)
+    assert packed_linear.TRIAL_ROWS == (1, 2, 3, 4, 8, 16)
     epyc_head = table((24.2, 9.7), (37.0, 7.2), (19.6, 6.2), (20.8, 8.6), (27.3, 11.3))
     xeon_head = table((7.0, 7.6), (8.9, 8.6), (13.9, 8.0), (22.9, 9.7), (17.2, 12.2))
     assert packed_linear.first_faster(epyc_head) == 2
@@ -100,7 +100,7 @@ def test_where_packing_starts_is_the_fewest_rows_from_which_it_wins_at_every_wid
 
 def test_a_packed_call_is_padded_to_a_wider_width_that_is_measured_faster(monkeypatch):
     def table(*packed):
-        return {rows: (1.0, ms) for rows, ms in zip(packed_linear.TRIAL_ROWS, packed)}
+        return {rows: (1.0, ms) for rows, ms in zip(packed_linear.TRIAL_ROWS[1:], packed)}
 
     # SmolLM2's head on the EPYC, cold (ms packed): oneDNN's 2-row kernel is its slowest.
     assert packed_linear.pad_widths(table(8.98, 6.28, 5.82, 7.80, 11.0)) == {2: 4}  # 3 -> 4 saves 7%: not MARGIN
@@ -111,9 +111,9 @@ def test_a_packed_call_is_padded_to_a_wider_width_that_is_measured_faster(monkey
     kernel = torch.ops.mkldnn._linear_pointwise
     monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", lambda x, *rest: seen.append(x.shape[0]) or kernel(x, *rest))
     monkeypatch.setattr(packed_linear, "time_shape", lambda weight: {
-        rows: (2.0, ms) for rows, ms in zip(packed_linear.TRIAL_ROWS, (1.5, 0.6, 0.5, 0.9, 1.6))})
+        rows: (2.0, ms) for rows, ms in zip(packed_linear.TRIAL_ROWS, (2.5, 1.5, 0.6, 0.5, 0.9, 1.6))})
     layer = linear()
-    assert packed_linear.from_rows(layer.weight) == 2 and packed_linear.padded_widths(layer.weight) == {2: 4, 3: 4}
+    assert packed_linear.from_rows(layer.weight) == 2 and packed_linear.padded_widths(layer.weight) == {1: 4, 2: 4, 3: 4}
     with torch.no_grad():
         for shape in ((1, 2, 512), (2, 1, 512), (3, 512), (5, 512), (1, 1, 512)):
             x = torch.randn(shape)
@@ -122,6 +122,10 @@ def test_a_packed_call_is_padded_to_a_wider_width_that_is_measured_faster(monkey
             assert out.shape == (*shape[:-1], 2048)  # the padding's rows dropped
             torch.testing.assert_close(out, F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
     assert seen == [4, 4, 4, 5]  # 2 and 3 rows padded to 4; 5 rows (not a trial width) as they are; 1 row never packed
+    x = torch.randn(1, 1, 512)
+    with torch.no_grad(), packed_linear.packed_steps(layer, rows=1, one_row=True):  # a drafter's step
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+    assert seen[4:] == [4]  # padded too: 2.5 ms packed at one row, 0.5 at four
 
 
 @torch.no_grad()
@@ -152,18 +156,18 @@ def test_a_measurement_is_kept_for_the_next_process_on_this_machine(monkeypatch,
     monkeypatch.setattr(packed_linear, "_recorded", REAL_RECORDED)
     monkeypatch.setattr(packed_linear, "_record", REAL_RECORD)
     timed = []
-    times = {2: (1.0, 1.0), 3: (1.0, 0.5), 4: (1.2, 0.4), 8: (1.5, 0.6), 16: (2.0, 1.0)}
+    times = {1: (0.5, 0.6), 2: (1.0, 1.0), 3: (1.0, 0.5), 4: (1.2, 0.4), 8: (1.5, 0.6), 16: (2.0, 1.0)}
     monkeypatch.setattr(packed_linear, "time_shape", lambda weight: timed.append(tuple(weight.shape)) or times)
     weight = linear().weight
     assert packed_linear.from_rows(weight) == 2 and timed == [(2048, 512)]  # 2 rows: packed when padded to 4
-    assert packed_linear.padded_widths(weight) == {2: 4, 3: 4}
+    assert packed_linear.padded_widths(weight) == {1: 4, 2: 4, 3: 4}
     record = json.loads(packed_linear.measurements_file().read_text())
     assert packed_linear.measurements_file() == tmp_path / "cache" / "packing.json"
     assert list(record.values()) == [{str(rows): list(pair) for rows, pair in times.items()}]  # the times, not a rule
     assert list(record)[0].endswith(f"|{torch.get_num_threads()} threads|2048x512")
     monkeypatch.setattr(packed_linear, "_MEASURED", {})  # a new process
     assert packed_linear.from_rows(weight) == 2 and len(timed) == 1  # read, not timed again
-    assert packed_linear.padded_widths(weight) == {2: 4, 3: 4} and len(timed) == 1
+    assert packed_linear.padded_widths(weight) == {1: 4, 2: 4, 3: 4} and len(timed) == 1
     monkeypatch.setattr(packed_linear, "_MEASURED", {})
     packed_linear.measurements_file().write_text("not json")  # a damaged file: measured again, rewritten
     assert packed_linear.from_rows(weight) == 2 and len(timed) == 2
@@ -237,7 +241,7 @@ def test_weights_are_packed_as_a_request_begins_not_in_a_timed_step(monkeypatch)
     out = SpeculativeDecoder(target=target, drafter=NGramDrafter(), policy=ConstantLookahead(k=0)).generate(
         prompt, max_new_tokens=5)
     assert torch.equal(out.sequences, target.generate(prompt, max_new_tokens=5, do_sample=False))
-    assert target.lm_head.weight in packed_linear._PACKED and not counter.weights
+    assert target.lm_head.weight in packed_linear._PACKED and not counter.calls
     wide = tiny_llama(seed=0, vocab=16, dtype=torch.float64)
     SpeculativeDecoder(target=wide, drafter=NGramDrafter(), policy=ConstantLookahead(k=0)).generate(prompt, max_new_tokens=2)
     assert wide.lm_head.weight not in packed_linear._PACKED
@@ -246,7 +250,7 @@ def test_weights_are_packed_as_a_request_begins_not_in_a_timed_step(monkeypatch)
         decoder = SpeculativeDecoder(target=reread, drafter=NGramDrafter(), policy=ConstantLookahead(k=3))
     decoder.generate(prompt, max_new_tokens=4)
     assert not any(parameter in packed_linear._PACKED for parameter in reread.parameters())
-    assert not counter.weights
+    assert not counter.calls
 
 
 @needs_pair
@@ -284,6 +288,33 @@ def test_the_bundled_pair_verifies_on_packed_weights_and_equals_generate(monkeyp
 REPO_TOML = PAIR.parent.parent / "plugins.toml"
 
 
+@needs_pair
+@torch.no_grad()
+def test_a_drafters_one_row_steps_run_packed_where_faster_the_targets_never(monkeypatch):
+    """On a CPU where a one-row call is faster packed (a Zen 4's), the draft model's one-token steps
+    run packed; the target's plain steps stay on torch's path, as generate's; the output is generate's."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    pin_packing(monkeypatch, start=4, smallest=1 << 20, one_row=True)  # both LM heads, no other weight
+    counter = PackCounter(monkeypatch)
+    tokenizer = AutoTokenizer.from_pretrained(PAIR, local_files_only=True, padding_side="left")
+    target, draft = (AutoModelForCausalLM.from_pretrained(PAIR / name, dtype=torch.float32, local_files_only=True).eval()
+                     for name in ("target", "draft"))
+    batch = tokenizer(["def fibonacci(n):\n", "import os\n\n\ndef main("], return_tensors="pt", padding=True)
+    for policy in (ConstantLookahead(k=3), ConstantLookahead(k=0)):
+        decoder = SpeculativeDecoder(target=target, drafter=ModelDrafter(draft), policy=policy)
+        out = decoder.generate(**batch, max_new_tokens=24)
+        expected = target.generate(**batch, max_new_tokens=24, do_sample=False)
+        assert torch.equal(out.sequences, expected[:, : out.sequences.shape[1]])
+    assert counter.packed(target.lm_head.weight, rows=8) > 0  # a verify: 2 rows x 4 tokens
+    assert counter.packed(draft.lm_head.weight, rows=2) == 0  # a draft step of 2 rows: torch's, as measured
+    assert counter.packed(target.lm_head.weight, rows=2) == 0  # the plain steps of k = 0: never packed
+    single = tokenizer(["def fibonacci(n):\n"], return_tensors="pt")
+    SpeculativeDecoder(target=target, drafter=ModelDrafter(draft), policy=ConstantLookahead(k=3)).generate(
+        **single, max_new_tokens=8)
+    assert counter.packed(draft.lm_head.weight, rows=1) > 0 and counter.packed(target.lm_head.weight, rows=1) == 0
+
+
 @torch.no_grad()
 def test_whisper_decoder_steps_pack_and_stay_exact(monkeypatch):
     """An encoder-decoder target in float32 with every weight packed (each timed faster packed from
@@ -301,11 +332,11 @@ def test_whisper_decoder_steps_pack_and_stay_exact(monkeypatch):
     assert torch.equal(out.sequences, reference)
     assert counter.packed(target.proj_out.weight) > 0
     encoder_weights = {id(p) for p in target.get_encoder().parameters()}
-    assert not any(id(w) in encoder_weights for w in counter.weights)
+    assert not any(id(w) in encoder_weights for w, _ in counter.calls)
     assert not any(p in packed_linear._PACKED for p in target.get_encoder().parameters())  # not even copied
     # Without a draft to share them, the target computes the cross-attention keys itself, once, in its
     # first decoder read: on torch's path, as generate's; its later steps are packed.
-    counter.weights.clear()
+    counter.calls.clear()
     out = SpeculativeDecoder(target=target, drafter=NGramDrafter(), policy=ConstantLookahead(k=3)).generate(
         prompt, input_features=x, max_new_tokens=16)
     assert torch.equal(out.sequences, reference)

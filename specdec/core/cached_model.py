@@ -64,6 +64,8 @@ class CachedModel:
         self.runner.compiled_steps = self.role in state.compile
         self.runner.packed_steps = (state.packed_weights and not self.runner.rereads and not self.runner.compiled_steps
                                     and applies_to(self.model))
+        # A drafter's one-token steps too: only the target's plain steps must stay generate's own.
+        self.runner.packed_one_row = self.runner.packed_steps and self.role != "target"
         if self.runner.packed_steps:
             pack(self.model)  # now, not in the first step the policies time
         if self.slots is not None:

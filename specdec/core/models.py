@@ -341,6 +341,7 @@ class CausalLMRunner:
 
     compiled_steps = False  # set per request (CachedModel.begin): call a compiled forward after the prefill
     packed_steps = False  # set per request (CachedModel.begin): steps after the prefill on packed weights
+    packed_one_row = False  # set per request (CachedModel.begin): one-token steps too (a drafter's)
 
     def _prepares_masks(self, device: torch.device) -> bool:
         # Off the CPU, transformers' sdpa mask creation from a 2D mask syncs the device (it asks
@@ -387,7 +388,7 @@ class CausalLMRunner:
         step = slots.length > input_ids.shape[1]  # not the prefill
         if self.compiled_steps and slots.static and step:
             call = compiled_forward(self.model)
-        with packed_steps(self.model, input_ids.numel()) if self.packed_steps and step else nullcontext():
+        with packed_steps(self.model, input_ids.numel(), self.packed_one_row) if self.packed_steps and step else nullcontext():
             out = call(attention_mask=attention_mask, position_ids=position_ids, use_cache=True, **kwargs)
         logits = slots.to_active(out.logits[:, -logits_to_keep:])
         return (logits, slots.to_active(out.hidden_states[-1][:, -input_ids.shape[1]:])) if hidden else logits
@@ -558,6 +559,7 @@ class Seq2SeqRunner:
     rereads = False
     REQUIRED = ("encoder_outputs", "decoder_input_ids", "decoder_attention_mask", "decoder_position_ids")
     packed_steps = False  # set per request (CachedModel.begin): decoder steps after the first on packed weights
+    packed_one_row = False  # set per request (CachedModel.begin): one-token steps too (a drafter's)
 
     def __init__(self, model: PreTrainedModel):
         missing = [name for name in self.REQUIRED if not _accepts(model, name)]
@@ -636,7 +638,7 @@ class Seq2SeqRunner:
         attention_mask = slots.slot_mask.long()  # [B, L + n] (static: [P, capacity])
         tokens = {"decoder_input_ids": input_ids} if inputs_embeds is None else {"decoder_inputs_embeds": inputs_embeds}
         step = slots.length > input_ids.shape[1]  # the first read computes the cross-attention keys, as generate's
-        with packed_steps(self.model, input_ids.numel()) if self.packed_steps and step else nullcontext():
+        with packed_steps(self.model, input_ids.numel(), self.packed_one_row) if self.packed_steps and step else nullcontext():
             out = self.model(
                 encoder_outputs=self.encoder_outputs,
                 attention_mask=self._encoder_mask,

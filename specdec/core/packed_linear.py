@@ -29,8 +29,10 @@ padding's outputs dropped. Each row's output is its own, whatever else the call 
 
 ``packed_steps(model, rows)`` runs, for one forward over ``rows`` tokens (batch x block), every
 ``nn.Linear`` of ``model`` whose weight shape was measured faster packed at that many rows on its
-packed weight. One-row calls (plain steps) are never packed, whatever the measurement: specdec's
-plain steps stay ``generate``'s own. The
+packed weight. A target's one-row calls (plain steps) are never packed, whatever the measurement:
+specdec's plain steps stay ``generate``'s own. A drafter's are, where measured faster
+(``one_row_faster``; ``packed_steps(..., one_row=True)``): on that EPYC a one-row call of SmolLM2's
+head takes 0.72x the time packed, of its 1536 x 576 MLP weight 0.76x. The
 layers are switched for that forward only (an instance ``forward`` set and removed around it), so
 the model is unchanged outside specdec's steps: its ``generate``, the prefill and every plain
 step run as before. A model's layers are packed as a request begins (``pack``), kept while the
@@ -60,6 +62,7 @@ import time
 import warnings
 import weakref
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -69,8 +72,9 @@ from ..errors import PackingWarning
 from .model_cache import cache_root
 
 # The widths (rows: tokens x batch) a weight shape is timed at, torch's path against packed; wider
-# calls are taken to go the way the widest trial went.
-TRIAL_ROWS = (2, 3, 4, 8, 16)
+# calls are taken to go the way the widest trial went. One row is a drafter's step: a target's
+# one-row calls are never packed.
+TRIAL_ROWS = (1, 2, 3, 4, 8, 16)
 # Packed must take at most this share of torch's time to count as faster: a win inside the timer's
 # noise would cost the weight's size in memory for nothing.
 MARGIN = 0.9
@@ -85,8 +89,15 @@ TIMING_BUDGET = 2e-3  # seconds per shape, width and path: enough repeats for a 
 # weight shape -> {rows: (torch's seconds, packed seconds)} on this machine (time_shape)
 _MEASURED: dict[tuple[int, int], dict[int, tuple[float, float]]] = {}
 _PACKED: WeakIdKeyDictionary = WeakIdKeyDictionary()  # weight -> (its _version when packed, packed weight)
-# model -> [(an nn.Linear worth packing, the rows from which it is packed, its packed forward)]
+# model -> [_Switch of each nn.Linear worth packing]
 _LINEARS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+class _Switch(NamedTuple):
+    module: torch.nn.Linear
+    start: int | None  # the rows from which its multi-token calls are packed (None: never)
+    forward: functools.partial | None  # its packed forward for them
+    one_row: functools.partial | None  # its packed forward for a drafter's one-row calls (None: torch's is faster)
 
 
 def available() -> bool:
@@ -105,14 +116,20 @@ def applies_to(model: torch.nn.Module) -> bool:
 
 
 @contextlib.contextmanager
-def packed_steps(model: torch.nn.Module, rows: int):
-    """Within it, ``model``'s linear layers measured faster packed at ``rows`` rows read packed weights."""
-    if rows < 2:
+def packed_steps(model: torch.nn.Module, rows: int, one_row: bool = False):
+    """Within it, ``model``'s linear layers measured faster packed at ``rows`` rows read packed weights.
+    A one-row call is packed only for ``one_row`` (a drafter's step): a target's plain steps stay
+    ``generate``'s own."""
+    if rows < 2 and not one_row:
         yield
         return
     # Built once per model: switching SmolLM2's 211 layers costs 0.4 ms a step, building their
     # forwards anew each step 2.9 ms.
-    switched = [(module, forward) for module, start, forward in _switches(model) if start <= rows]
+    if rows < 2:
+        switched = [(switch.module, switch.one_row) for switch in _switches(model) if switch.one_row is not None]
+    else:
+        switched = [(switch.module, switch.forward) for switch in _switches(model)
+                    if switch.start is not None and switch.start <= rows]
     for module, forward in switched:
         module.forward = forward
     try:
@@ -141,8 +158,8 @@ def pack(model: torch.nn.Module) -> None:
     specdec calls it as a request begins: packing takes time (850 ms for SmolLM2-135M's 91 layers
     here), which would otherwise land in the first multi-token step, where the cost-aware policies
     would take it for what a verify costs."""
-    for module, _ in packed_layers(model):
-        packed_weight(module.weight)
+    for switch in _switches(model):
+        packed_weight(switch.module.weight)
 
 
 def packed_weight(weight: torch.Tensor) -> torch.Tensor:
@@ -158,11 +175,11 @@ def packed_weight(weight: torch.Tensor) -> torch.Tensor:
 def packed_layers(model: torch.nn.Module) -> list[tuple[torch.nn.Linear, int]]:
     """The ``nn.Linear`` layers of ``model`` that its multi-token steps run on packed weights, each with
     the rows from which it does (``from_rows``, measured here the first time a shape is seen)."""
-    return [(module, start) for module, start, _ in _switches(model)]
+    return [(switch.module, switch.start) for switch in _switches(model) if switch.start is not None]
 
 
-def _switches(model: torch.nn.Module) -> list[tuple[torch.nn.Linear, int, functools.partial]]:
-    """``packed_layers`` with the forward each runs when switched."""
+def _switches(model: torch.nn.Module) -> list[_Switch]:
+    """``model``'s linear layers that run packed at some width, with the forwards they run then."""
     linears = _LINEARS.get(model)
     if linears is None:
         # Exactly nn.Linear with no forward of its own set by someone else (accelerate's offload hooks
@@ -173,9 +190,15 @@ def _switches(model: torch.nn.Module) -> list[tuple[torch.nn.Linear, int, functo
                       if type(module) is torch.nn.Linear and id(module) not in skipped and "forward" not in module.__dict__
                       and module.weight.dtype == torch.float32 and module.weight.device.type == "cpu"
                       and module.weight.numel() >= MIN_WEIGHT]
-        linears = [(module, start, functools.partial(_packed_forward, module, start, padded_widths(module.weight)))
-                   for module in candidates if (start := from_rows(module.weight)) is not None]
-        need = sum(module.weight.numel() * module.weight.element_size() for module, _, _ in linears)
+        linears = []
+        for module in candidates:
+            start, widths = from_rows(module.weight), padded_widths(module.weight)
+            one_row = one_row_faster(measured(module.weight))
+            if start is not None or one_row:
+                linears.append(_Switch(module, start,
+                                       functools.partial(_packed_forward, module, start, widths) if start else None,
+                                       functools.partial(_packed_forward, module, 1, widths) if one_row else None))
+        need = sum(switch.module.weight.numel() * switch.module.weight.element_size() for switch in linears)
         free = free_memory()
         if free is not None and need > free // 2:
             warnings.warn(
@@ -274,17 +297,24 @@ def _record(key: str, times: dict[int, tuple[float, float]]) -> None:
 
 
 def first_faster(times: dict[int, tuple[float, float]]) -> int | None:
-    """From ``{rows: (torch's seconds, packed seconds)}``: the fewest rows from which packed (padded
-    where ``pad_widths`` says so) takes at most ``MARGIN`` of torch's time at every width timed (None
-    when it does not at the widest)."""
+    """From ``{rows: (torch's seconds, packed seconds)}``: the fewest rows (2 or more) from which packed
+    (padded where ``pad_widths`` says so) takes at most ``MARGIN`` of torch's time at every width timed
+    (None when it does not at the widest)."""
     widths = pad_widths(times)
     start = None
-    for rows in sorted(times, reverse=True):
+    for rows in sorted((rows for rows in times if rows >= 2), reverse=True):
         plain, packed = times[rows][0], times[widths.get(rows, rows)][1]
         if packed > MARGIN * plain:
             break
         start = rows
     return start
+
+
+def one_row_faster(times: dict[int, tuple[float, float]]) -> bool:
+    """Whether a one-row call (a drafter's step) takes at most ``MARGIN`` of torch's time packed
+    (padded where ``pad_widths`` says so)."""
+    plain = times[1][0]
+    return times[pad_widths(times).get(1, 1)][1] <= MARGIN * plain
 
 
 def pad_widths(times: dict[int, tuple[float, float]]) -> dict[int, int]:

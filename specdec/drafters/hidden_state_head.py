@@ -35,7 +35,7 @@ class HiddenStateHead(torch.nn.Module):
         self.fc = torch.nn.Linear(2 * hidden, hidden, bias=False)
         self.decoder = AutoModel.from_config(config)
         self.register_buffer("token_map", token_map.long().clone(), persistent=True)
-        self._readout: torch.Tensor | None = None  # [V', H]: the target's LM head rows, set by attach
+        self.readout_layer: torch.nn.Linear | None = None  # [V', H]: the target's LM head rows, set by attach
 
     @property
     def dtype(self) -> torch.dtype:
@@ -46,11 +46,15 @@ class HiddenStateHead(torch.nn.Module):
         return self.fc.weight.device
 
     def attach(self, lm_head_weight: torch.Tensor) -> None:
-        """Read out through these LM head rows (the target's, frozen)."""
-        self._readout = lm_head_weight.detach()[self.token_map.to(lm_head_weight.device)]
+        """Read out through these LM head rows (the target's, frozen; not saved with the head)."""
+        rows = lm_head_weight.detach()[self.token_map.to(lm_head_weight.device)]
+        # An nn.Linear, so that the drafter's steps run it on a packed weight where this CPU runs that
+        # faster (core/packed_linear.py): on a Zen 4 a one-row 8192 x 576 readout takes 0.7x the time.
+        self.readout_layer = torch.nn.Linear(rows.shape[1], rows.shape[0], bias=False, device="meta")
+        self.readout_layer.weight = torch.nn.Parameter(rows, requires_grad=False)
 
     def readout(self, hidden: torch.Tensor) -> torch.Tensor:  # [..., H] -> [..., V']
-        return hidden @ self._readout.T
+        return self.readout_layer(hidden)
 
     def forward(self, inputs_embeds=None, attention_mask=None, position_ids=None, past_key_values=None,
                 use_cache=None, output_hidden_states=None, logits_to_keep: int = 0, **kwargs):
@@ -78,7 +82,8 @@ class HiddenStateHead(torch.nn.Module):
             "model_type": str(self.config.model_type),
             **(metadata or {}),
         }
-        return write_weights(Path(path), self.state_dict(), info)
+        own = {name: tensor for name, tensor in self.state_dict().items() if not name.startswith("readout_layer.")}
+        return write_weights(Path(path), own, info)
 
     @classmethod
     def load(cls, path: str | Path, target: PreTrainedModel, who: str = "drafter 'hidden-state'") -> HiddenStateHead:
