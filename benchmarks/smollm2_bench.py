@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from datetime import date
 from pathlib import Path
 
@@ -32,12 +32,13 @@ from specdec import SpeculativeDecoder  # noqa: E402
 from specdec.core.components import Observer  # noqa: E402
 from specdec.core import state as state_module  # noqa: E402
 from specdec.core.models import cache_argument  # noqa: E402
-from specdec.core import packed_linear  # noqa: E402
 from specdec.core.packed_linear import packed_everywhere  # noqa: E402
 from specdec.drafters import FallbackDrafter, HiddenStateDrafter, HiddenStateHead, NGramDrafter  # noqa: E402
 from specdec.policies import (ConstantLookahead, CostAwareLookahead, DraftConfidenceLookahead,  # noqa: E402
                               HeuristicLookahead)
 from specdec.verifiers import GreedyVerifier, RejectionVerifier  # noqa: E402
+
+from packing_rules import RULES, packing_rule  # noqa: E402
 
 KINDS = ["code", "explain", "summarise", "creative"]
 SAMPLING = dict(do_sample=True, temperature=0.7, top_p=0.9, top_k=0)
@@ -67,31 +68,6 @@ class PositionStats(Observer):
                "new_tokens": self.new_tokens}
         self.drafted, self.accepted, self.row_steps, self.new_tokens = [0] * 64, [0] * 64, 0, 0
         return out
-
-
-@contextmanager
-def packing_rule(rule: str | None):
-    """Another rule for where packing starts than the measured one, for a contender: "packed from 4
-    rows" is stop 20's fixed rule (weights of 3 MiB or more, from 4 rows), "unpadded" the measured
-    start without padding a call to a faster, wider width; to tell on this CPU what each gained."""
-    if rule is None:
-        yield
-        return
-    saved = packed_linear.from_rows, packed_linear.padded_widths, dict(packed_linear._LINEARS)
-    if rule == "packed from 4 rows":
-        packed_linear.from_rows = lambda weight: 4 if weight.numel() >= 3 << 18 else None
-        packed_linear.padded_widths = lambda weight: {}
-    elif rule == "unpadded":
-        packed_linear.padded_widths = lambda weight: {}
-    else:
-        raise ValueError(f"unknown packing rule {rule!r}")
-    packed_linear._LINEARS.clear()
-    try:
-        yield
-    finally:
-        packed_linear.from_rows, packed_linear.padded_widths = saved[:2]
-        packed_linear._LINEARS.clear()
-        packed_linear._LINEARS.update(saved[2])
 
 
 def new_tokens(sequences: torch.Tensor, prompt_width: int, eos: int) -> list[list[int]]:
@@ -185,7 +161,7 @@ def contenders(run: str, target, head, heuristic_max: int, only=(), other_head=N
                                                      packed=False)
     found[f"{behind} cost-aware (unpacked)"] = spec(behind_lookup(), CostAwareLookahead(), packed=False)
     found[f"{behind} draft-confidence auto (unpacked)"] = spec(behind_lookup(), confidence_auto(), packed=False)
-    for rule in ("packed from 4 rows", "unpadded"):
+    for rule in RULES:
         found[f"{behind} cost-aware ({rule})"] = spec(behind_lookup(), CostAwareLookahead(), rule=rule)
         found[f"{behind} draft-confidence auto ({rule})"] = spec(behind_lookup(), confidence_auto(), rule=rule)
     found[f"{behind} cost-aware (sorted top-p)"] = spec(behind_lookup(), CostAwareLookahead(), sorted_top_p=True)
@@ -227,6 +203,16 @@ def run_one(run: str, target, tokenizer, head, prompts, args, other_head=None) -
                                         "row_steps": 0}) for _ in range(args.repeats)] for n in names}
     exact = {n: [0, 0] for n in names}  # identical rows, rows (greedy only)
     failed: dict[str, str] = {}
+    # Untimed: what a process pays once (packing the target's weights: 0.85 s for SmolLM2) would
+    # otherwise land on whichever contender runs first.
+    for name in names if args.warmup else ():
+        kwargs = dict(gen, max_new_tokens=min(8, args.max_new_tokens))
+        if sampled and name.startswith("specdec"):
+            kwargs["generator"] = torch.Generator().manual_seed(0)
+        try:
+            named[name](groups[0][1], kwargs)
+        except Exception:  # noqa: BLE001 - the timed runs report it
+            pass
     for repeat in range(args.repeats):
         for g, (kind, inputs) in enumerate(groups):
             shift = (repeat + g) % len(names)
@@ -370,6 +356,7 @@ def main() -> None:
                         help=f"comma-separated kinds of prompt to run (default: {','.join(KINDS)})")
     parser.add_argument("--runs", default="b1-greedy,b4-greedy,b1-sampled,b4-sampled")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=1, help="1: run each contender once, untimed, before timing")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--heuristic-max", type=int, default=6)
     parser.add_argument("--threads", type=int, default=1)

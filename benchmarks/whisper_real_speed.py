@@ -22,6 +22,8 @@ English, task transcribe, no timestamps, greedy):
   weights (``core/packed_linear.py``): the plain baseline that specdec's packed steps are measured
   against where a batch alone makes the linear layers cheaper.
 - ``specdec-unpacked``: ``specdec`` with ``packed_weights=False`` (torch's own linear path).
+- ``specdec-stop21``: ``specdec`` packed by stop 21's rule (no padding to a faster wider width, the
+  draft's one-token steps on torch's path; ``benchmarks/packing_rules.py``).
 - ``specdec-int8``: the same loop with base's whole decoder (its six layers and its full head)
   dynamically quantised to int8 (``torch.ao.quantization.quantize_dynamic`` on every Linear) as a
   shared-encoder draft: self-speculation, no training.
@@ -56,6 +58,8 @@ sys.path.insert(0, str(ROOT))
 from specdec import SpeculativeDecoder  # noqa: E402
 from specdec.core.model_cache import resolve_model_path  # noqa: E402
 from specdec.core.packed_linear import packed_everywhere  # noqa: E402
+
+from packing_rules import packing_rule  # noqa: E402
 from specdec.drafters import SharedEncoderDrafter  # noqa: E402
 from specdec.drafters.shared_encoder_draft import load_shared_encoder_draft  # noqa: E402
 from specdec.policies import ConstantLookahead, CostAwareLookahead, DraftConfidenceLookahead, HeuristicLookahead  # noqa: E402
@@ -148,7 +152,7 @@ def contenders(target, draft, policy: str, int8, assistant, hf_tokens: int | Non
         kwargs = {} if hf_tokens is None else {"num_assistant_tokens": hf_tokens, "num_assistant_tokens_schedule": "constant"}
         return target.generate(x, language="en", task="transcribe", assistant_model=assistant, **kwargs), None
 
-    def speculative(model, choice, packed=True):
+    def speculative(model, choice, packed=True, rule=None):
         # One decoder for every call, as `specdec transcribe` keeps one over its files: a policy
         # that measures (cost-aware) keeps what it learnt.
         decoder = SpeculativeDecoder(target=target, drafter=SharedEncoderDrafter(model=model), policy=make_policy(choice),
@@ -156,7 +160,8 @@ def contenders(target, draft, policy: str, int8, assistant, hf_tokens: int | Non
         whisper = WhisperSpeculativeDecoder(decoder)
 
         def run(x):
-            return whisper.generate(x, language="en", task="transcribe"), whisper.stats
+            with packing_rule(rule):
+                return whisper.generate(x, language="en", task="transcribe"), whisper.stats
 
         return run
 
@@ -169,6 +174,7 @@ def contenders(target, draft, policy: str, int8, assistant, hf_tokens: int | Non
     for choice in choices if draft is not None else ():
         out[named("specdec", choice)] = (None, speculative(draft, choice))
         out[named("specdec-unpacked", choice)] = (None, speculative(draft, choice, packed=False))
+        out[named("specdec-stop21", choice)] = (None, speculative(draft, choice, rule="stop 21"))
     if assistant is not None:
         out["hf-assisted"] = ({1}, assisted)
     if int8 is not None:
@@ -193,7 +199,7 @@ def measure(args) -> dict:
     target, processor = load_target(args.model)
     wanted = set(args.contenders.split(","))
     # Only contenders that draft with it load the draft: base's peak memory (--memory) must not hold it.
-    draft = load_shared_encoder_draft(args.draft, target) if wanted & {"specdec", "specdec-unpacked", "hf-assisted"} else None
+    draft = load_shared_encoder_draft(args.draft, target) if wanted & {"specdec", "specdec-unpacked", "specdec-stop21", "hf-assisted"} else None
     eot = target.generation_config.eos_token_id
     clock = EncoderClock(target)
     assistant = full_head_assistant(draft, target) if "hf-assisted" in wanted else None
@@ -203,6 +209,13 @@ def measure(args) -> dict:
     rows = load_utterances(args.audio_dir, args.limit)
     audio_seconds = [r["seconds"] for r in rows]
     results = {}
+    if args.warmup and rows:
+        # Untimed: what a process pays once (packing the decoder's weights) would otherwise land on
+        # whichever contender runs first.
+        x = features_for(processor, rows[:1], args.audio_dir)
+        for name, (_, run) in runs.items():
+            with torch.no_grad():
+                run(x)
     for batch in [int(b) for b in args.batch_sizes.split(",")]:
         chunks = [list(range(i, min(i + batch, len(rows)))) for i in range(0, len(rows), batch)]
         names = [n for n, (sizes, _) in runs.items() if sizes is None or batch in sizes]
@@ -277,6 +290,7 @@ def main() -> int:
     parser.add_argument("--draft", type=Path, default=DEFAULT_DRAFT)
     parser.add_argument("--batch-sizes", default="1,4,16")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--warmup", type=int, default=1, help="1: run each contender once, untimed, before timing")
     parser.add_argument("--limit", type=int, default=0, help="only the first N English utterances")
     parser.add_argument("--policy", default="constant:4",
                         help="constant:K | heuristic:K | cost-aware:MAXK | draft-confidence:MAXK (threshold auto); "

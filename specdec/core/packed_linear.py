@@ -25,7 +25,8 @@ The same timings say where a wider call is cheaper than a narrower one: on that 
 kernel is its slowest (SmolLM2's head: 9.0 ms for 2 rows packed, 5.8 ms for 4; its whole forward
 68.6 ms over 2 tokens, 53.9 over 3), so a packed call of a trial width is padded with zero rows to
 the wider trial width that takes at most ``MARGIN`` of its time (``padded_widths``), and the
-padding's outputs dropped. Each row's output is its own, whatever else the call holds.
+padding's outputs dropped (a row's result may differ in the last bits between kernels of different
+widths, as between sgemm's; see Rounding below).
 
 ``packed_steps(model, rows)`` runs, for one forward over ``rows`` tokens (batch x block), every
 ``nn.Linear`` of ``model`` whose weight shape was measured faster packed at that many rows on its
