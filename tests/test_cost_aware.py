@@ -414,14 +414,22 @@ class TestProbing:
         assert all(d.k == best for d in decisions if not d.probing)
         assert {d.k for d in decisions if d.probing} == {0, best - 2 if best + 2 > 8 else best + 2}
 
-    def test_when_not_speculating_probes_draft_twice(self):
+    def test_when_not_speculating_probes_draft_twice_as_often_as_their_price_allows(self):
         """Out of plain steps a probe drafts for two iterations: the first pays the drafter's
-        catch-up (not recorded), the second is the one timed."""
+        catch-up (not recorded), the second is the one timed. It waits until the plain steps since
+        the last one, times probe_rate, are worth what both cost beyond two plain steps."""
         policy = fed(CostAwareLookahead(probe_rate=0.5, probe_backoff=1), 1, {0: 10.0, 1: 20.0, 4: 50.0})
-        decisions = [policy.choose(1, torch.tensor([0.9]), torch.tensor([100])) for _ in range(5)]
-        assert [(d.k > 0, d.probing) for d in decisions] == [(False, False), (True, True), (True, True),
-                                                              (False, False), (True, True)]
-        assert decisions[1].k == decisions[2].k
+        alpha, budget = torch.tensor([0.9]), torch.tensor([100])
+        decisions = [policy.choose(1, alpha, budget) for _ in range(10)]
+        assert all(d.best_k == 0 for d in decisions)
+        # k = 1 twice: 20 + 20 - 2 x 10 = 2 plain steps of price, 4 iterations of credit at rate 0.5
+        assert [i for i, d in enumerate(decisions) if d.probing] == [3, 4, 8, 9]
+        assert all(d.k == 1 for d in decisions if d.probing) and all(d.k == 0 for d in decisions if not d.probing)
+        policy._resume[1] = [1.0, 5.0]  # the drafter's catch-up measured at 5 s
+        decisions = [policy.choose(1, alpha, budget) for _ in range(20)]
+        # now k = 2 (35 s with the catch-up, then 30 s): 35 + 30 - 2 x 10 = 4.5 plain steps, 9 iterations
+        assert [i for i, d in enumerate(decisions) if d.probing] == [8, 9, 18, 19]
+        assert all(d.k == 2 for d in decisions if d.probing)
 
     def test_probes_that_confirm_the_choice_back_off(self):
         """Each probe that leaves the best k where it was halves the probe rate, down to
