@@ -4,9 +4,9 @@
 
 First the bare linear layers of a few weight shapes (the LM heads and MLPs of SmolLM2-135M and
 whisper-base, the bundled target's), then, with ``--model``, the model's forward over n new tokens
-after a 100-token prompt, its cache copied fresh for every call (untimed), torch's path and specdec's
-packed steps interleaved (``core/packed_linear.py``). Medians of ``--repeats`` calls, in ms; the ratio is
-packed / torch. Speculation pays on a CPU only where a block of k + 1 tokens costs about one token.
+after a 100-token prompt, its cache copied fresh for every call (untimed), torch's path, specdec's
+packed steps and the same without padding a call to a faster wider width interleaved
+(``core/packed_linear.py``). Medians of ``--repeats`` calls, in ms; the ratios are to torch's. Speculation pays on a CPU only where a block of k + 1 tokens costs about one token.
 The bare layers are timed hot (one weight, called again and again); the column "specdec packs it"
 is ``from_rows``, which times them cold, as a forward reads them (``time_shape``).
 """
@@ -28,6 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from specdec.core.packed_linear import (MIN_WEIGHT, available, from_rows, pack, packed_layers,  # noqa: E402
                                         packed_steps, packed_weight, padded_widths)
+
+from packing_rules import packing_rule  # noqa: E402
 
 SHAPES = [(49152, 576), (51865, 512), (4096, 512), (1536, 576), (576, 1536), (2048, 512), (1024, 512), (576, 576),
           (512, 512), (192, 576)]
@@ -83,21 +85,26 @@ def main() -> None:
                 for (out, inp), start, widths in sorted({(tuple(m.weight.shape), start, tuple(padded_widths(m.weight).items()))
                                                           for m, start in packed_layers(model)})))
             pack(model)
-            # Interleaved (torch, packed, torch, ...) so that a neighbour's load hits both alike; the
-            # cache is copied fresh before each call, outside the timed forward.
-            times = {(n, packed): [] for n in rows for packed in (False, True)}
+            # Interleaved (torch, packed, packed unpadded, torch, ...) so that a neighbour's load
+            # hits all alike; the cache is copied fresh before each call, outside the timed forward.
+            # "unpadded": the measured rule without padding a call to a faster, wider width.
+            paths = ("torch", "packed", "unpadded")
+            times = {(n, path): [] for n in rows for path in paths}
             for _ in range(args.repeats):
                 for n in rows:
                     x = torch.randint(0, model.config.vocab_size, (1, n))
-                    for packed in (False, True):
+                    for path in paths:
                         fresh = copy.deepcopy(cache)
-                        with torch.no_grad(), packed_steps(model, n) if packed else contextlib.nullcontext():
+                        with torch.no_grad(), packing_rule("unpadded" if path == "unpadded" else None), \
+                                packed_steps(model, n) if path != "torch" else contextlib.nullcontext():
                             start = time.perf_counter()
                             model(x, past_key_values=fresh, use_cache=True, logits_to_keep=n)
-                            times[(n, packed)].append(time.perf_counter() - start)
+                            times[(n, path)].append(time.perf_counter() - start)
+            print("tokens: torch / packed (ratio) / packed, unpadded (ratio), ms")
             for n in rows:
-                plain, fast = (statistics.median(times[(n, packed)]) * 1e3 for packed in (False, True))
-                print(f"{n}: {plain:.1f} / {fast:.1f} ({fast / plain:.2f})")
+                plain, fast, unpadded = (statistics.median(times[(n, path)]) * 1e3 for path in paths)
+                print(f"{n}: {plain:.1f} / {fast:.1f} ({fast / plain:.2f}) / {unpadded:.1f} ({unpadded / plain:.2f})")
+
 
 if __name__ == "__main__":
     main()

@@ -106,23 +106,25 @@ def ceiling_speedup(tau: float, k: float, c: float, v: float) -> float:
     return tau / (k * c + v)
 
 
-def forward_cost(model, batch_size: int, context: int, repeats: int = 20) -> float:
-    """Seconds for one single-token forward with ``context`` tokens cached (the draft's unit of work)."""
-    return block_cost(model, batch_size, context, 1, repeats)
+def forward_cost(model, batch_size: int, context: int, repeats: int = 20, packed: bool = False) -> float:
+    """Seconds for one single-token forward with ``context`` tokens cached (the draft's unit of work);
+    with ``packed``, as specdec runs a drafter's step (on packed weights where that is faster)."""
+    return block_cost(model, batch_size, context, 1, repeats, packed=packed, one_row=packed)
 
 
 @torch.no_grad()
-def block_cost(model, batch_size: int, context: int, width: int, repeats: int = 20, packed: bool = False) -> float:
+def block_cost(model, batch_size: int, context: int, width: int, repeats: int = 20, packed: bool = False,
+               one_row: bool = False) -> float:
     """Seconds for one forward of ``width`` new tokens per row with ``context`` tokens cached (a
     verify of ``width - 1`` drafts), the logits of all of them kept; with ``packed``, as specdec runs
-    it on packed weights (``core/packed_linear.py``)."""
+    it on packed weights (``core/packed_linear.py``; one-row calls too with ``one_row``, a drafter's)."""
     ids = torch.randint(3, model.config.vocab_size, (batch_size, context + width), device=model.device)
     cache = DynamicCache()
     model(input_ids=ids[:, :context], use_cache=True, logits_to_keep=1, **{cache_argument(model): cache})
     block = ids[:, context:]
     times = []
     for _ in range(repeats):
-        with packed_steps(model, block.numel()) if packed else nullcontext():
+        with packed_steps(model, block.numel(), one_row) if packed else nullcontext():
             start = time.perf_counter()
             model(input_ids=block, use_cache=True, logits_to_keep=width, **{cache_argument(model): cache})
             times.append(time.perf_counter() - start)
@@ -333,7 +335,9 @@ def run_bench(
             tau = new / row_steps if row_steps else 0.0
             k_mean = drafted / row_steps if row_steps else 0.0
             if drafter == "model":
-                c = forward_cost(decoder.drafter.model, batch_size, context=128) / target_cost
+                draft = decoder.drafter.model
+                packs = decoder.packed_weights and applies_to(draft)
+                c = forward_cost(draft, batch_size, context=128, packed=packs) / target_cost
             else:
                 c = 0.0
             alpha = solve_alpha(tau, k_mean)
