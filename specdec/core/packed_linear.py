@@ -385,11 +385,19 @@ def free_memory() -> int | None:
 
 
 def _packed_forward(module: torch.nn.Linear, start: int, widths: dict[int, int], x: torch.Tensor) -> torch.Tensor:
-    if x.dtype != torch.float32 or x.dim() < 2 or x.numel() < start * x.shape[-1] or torch.is_grad_enabled():
-        return F.linear(x, module.weight, module.bias)
-    flat = x.reshape(-1, x.shape[-1])
+    # Runs for every layer of every packed step (211 calls a SmolLM2 forward): the parameters are
+    # read from _parameters, not through nn.Module.__getattr__, and a view where one serves.
+    parameters = module._parameters
+    weight, bias = parameters["weight"], parameters["bias"]
+    features = x.shape[-1]
+    if x.dtype != torch.float32 or x.dim() < 2 or x.numel() < start * features or torch.is_grad_enabled():
+        return F.linear(x, weight, bias)
+    flat = x.reshape(-1, features)
     rows = flat.shape[0]
-    if rows in widths:
-        flat = F.pad(flat, (0, 0, 0, widths[rows] - rows))
-    out = torch.ops.mkldnn._linear_pointwise(flat, packed_weight(module.weight), module.bias, "none", [], "")
-    return out[:rows].reshape(*x.shape[:-1], module.weight.shape[0])
+    wide = widths.get(rows)
+    if wide is not None:
+        flat = F.pad(flat, (0, 0, 0, wide - rows))
+    out = torch.ops.mkldnn._linear_pointwise(flat, packed_weight(weight), bias, "none", [], "")
+    if wide is not None:
+        out = out[:rows]
+    return out.view(*x.shape[:-1], out.shape[-1])
