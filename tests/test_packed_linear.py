@@ -315,6 +315,23 @@ def test_a_drafters_one_row_steps_run_packed_where_faster_the_targets_never(monk
     assert counter.packed(draft.lm_head.weight, rows=1) > 0 and counter.packed(target.lm_head.weight, rows=1) == 0
 
 
+@needs_pair
+def test_the_benchs_draft_cost_is_timed_as_a_drafter_step_runs(monkeypatch):
+    """``specdec bench``'s ceiling divides by the draft's step cost: timed packed, its one-row call
+    runs on packed weights where that is faster, as a drafter's step does in the loop."""
+    from transformers import AutoModelForCausalLM
+
+    from specdec.bench import forward_cost
+
+    pin_packing(monkeypatch, start=4, smallest=1 << 20, one_row=True)
+    counter = PackCounter(monkeypatch)
+    draft = AutoModelForCausalLM.from_pretrained(PAIR / "draft", dtype=torch.float32, local_files_only=True).eval()
+    assert forward_cost(draft, 1, context=16, repeats=2) > 0
+    assert counter.packed(draft.lm_head.weight) == 0  # unpacked unless asked
+    assert forward_cost(draft, 1, context=16, repeats=2, packed=True) > 0
+    assert counter.packed(draft.lm_head.weight, rows=1) == 2
+
+
 @torch.no_grad()
 def test_whisper_decoder_steps_pack_and_stay_exact(monkeypatch):
     """An encoder-decoder target in float32 with every weight packed (each timed faster packed from

@@ -156,9 +156,9 @@ def packed_from(model: torch.nn.Module) -> int | None:
 
 def pack(model: torch.nn.Module) -> None:
     """Pack every layer ``packed_steps`` would switch, now (a no-op for layers already packed).
-    specdec calls it as a request begins: packing takes time (850 ms for SmolLM2-135M's 91 layers
-    here), which would otherwise land in the first multi-token step, where the cost-aware policies
-    would take it for what a verify costs."""
+    specdec calls it as a request begins: packing takes time (0.85 s for SmolLM2-135M), which would
+    otherwise land in the first multi-token step, where the cost-aware policies would take it for
+    what a verify costs."""
     for switch in _switches(model):
         packed_weight(switch.module.weight)
 
@@ -197,7 +197,7 @@ def _switches(model: torch.nn.Module) -> list[_Switch]:
             one_row = one_row_faster(measured(module.weight))
             if start is not None or one_row:
                 linears.append(_Switch(module, start,
-                                       functools.partial(_packed_forward, module, start, widths) if start else None,
+                                       None if start is None else functools.partial(_packed_forward, module, start, widths),
                                        functools.partial(_packed_forward, module, 1, widths) if one_row else None))
         need = sum(switch.module.weight.numel() * switch.module.weight.element_size() for switch in linears)
         free = free_memory()

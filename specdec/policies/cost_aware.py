@@ -443,9 +443,9 @@ class CostAwareLookahead(LookaheadPolicy):
             self._probe_best = None
         k, probing = best, False
         self._probe_credit += self.probe_rate / self._backoff
-        drafting = max((kk for kk in gains if kk > 0), key=lambda kk: gains[kk], default=None)
+        drafting = max((kk for kk in gains if kk > 0), key=lambda kk: gains[kk])  # the best speculative k
         price = 1.0  # in plain steps: a probe while speculating replaces one iteration by another
-        if best == 0 and drafting is not None:
+        if best == 0:
             # Out of plain steps a probe drafts twice, the first time with the catch-up: it waits
             # for credit worth what both take beyond the plain steps they replace, so that probing
             # takes at most probe_rate of the time. At batch 16 on the bundled pair a probe took
@@ -459,8 +459,7 @@ class CostAwareLookahead(LookaheadPolicy):
             self._probes += 1
             self._probe_best = best
             if best == 0:
-                k = drafting if drafting is not None else 0
-                self._probe_next = drafting
+                k = self._probe_next = drafting
             elif self._probes % 2:
                 k = 0
             else:
