@@ -32,6 +32,8 @@ FAMILIES: dict[str, str] = {
     "full": "llama",  # classic full attention, rotary positions
     "sliding": "mistral",  # every layer a sliding window
     "mixed_sliding": "gemma2",  # sliding and full layers alternate (layer_types)
+    "per_layer_shapes": "gemma4_text",  # sliding and full layers of different head sizes (per_layer_config)
+    "kv_shared": "gemma3n_text",  # the last layers read earlier layers' caches (num_kv_shared_layers)
     "chunked": "llama4_text",  # chunked attention layers plus full ones
     "local": "gpt_neo",  # local windows through a slot-indexed buffer: re-read whole, no cache
     "cache_positions": "roformer",  # positions from the cache length: re-read whole, no cache
@@ -70,7 +72,7 @@ SIZES: dict[str, int] = {
     # widths
     "hidden_size": HIDDEN, "d_model": HIDDEN, "n_embd": HIDDEN, "embed_dim": HIDDEN, "dim": HIDDEN,
     "word_embed_proj_dim": HIDDEN, "embedding_size": HIDDEN, "attention_hidden_size": HIDDEN,
-    "hidden_size_per_layer_input": 16, "lru_width": HIDDEN, "input_embedding_size": HIDDEN,
+    "hidden_size_per_layer_input": 16, "vocab_size_per_layer_input": VOCAB, "lru_width": HIDDEN, "input_embedding_size": HIDDEN,
     "intermediate_size": 128, "ffn_dim": 128, "n_inner": 128, "d_inner": 128, "ffn_hidden_size": 128,
     "intermediate_size_mlp": 128, "dense_intermediate_size": 128, "dim_ff": 128, "decoder_ffn_dim": 128,
     "feed_forward_size": 128, "emb_dim": HIDDEN,
@@ -126,8 +128,9 @@ OVERRIDES: dict[str, dict] = {
     "codegen": {"rotary_dim": 8},
     "gptj": {"rotary_dim": 8},
     "zamba": {"attention_hidden_size": 2 * HIDDEN, "mamba_d_head": 16, "n_mamba_heads": 8},
-    "zamba2": {"attention_hidden_size": 2 * HIDDEN, "mamba_headdim": 16, "n_mamba_heads": 8, "kv_channels": 32,
-               "num_hidden_layers": 4, "hybrid_layer_ids": [1, 3], "layers_block_type": None},
+    "zamba2": {"attention_hidden_size": 2 * HIDDEN, "attention_head_dim": 2 * HIDDEN // 4, "mamba_headdim": 16,
+               "n_mamba_heads": 8, "num_hidden_layers": 4, "hybrid_layer_ids": [1, 3],
+               "layers_block_type": ["linear_attention", "hybrid", "linear_attention", "hybrid"]},
     "xlstm": {"embedding_dim": HIDDEN, "num_heads": 4},
     "deepseek_v2": {"topk_group": 1, "n_group": 1, "num_experts_per_tok": 2},
     "ministral": {"head_dim": 16},
@@ -135,6 +138,12 @@ OVERRIDES: dict[str, dict] = {
     "hunyuan_v1_moe": {"head_dim": 16},
     "falcon_h1": {"mamba_d_ssm": 2 * HIDDEN, "mamba_n_heads": 8, "mamba_d_head": 16},
     "recurrent_gemma": {"num_hidden_layers": 3},
+    "nemotron": {"num_key_value_heads": 2},  # None by default: the generic shrinker leaves it
+    "dots1": {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1, "first_k_dense_replace": 1},
+    # the last num_kv_shared_layers layers read the cache of the last earlier layer of their kind:
+    # both kinds must come before them
+    "gemma3n_text": {"num_hidden_layers": 4, "num_kv_shared_layers": 2,
+                     "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]},
     "granitemoehybrid": {"num_hidden_layers": 2, "layer_types": ["linear_attention", "attention"],
                          "mamba_n_heads": 8, "mamba_d_head": 16},
     "gpt_neo": {"num_layers": 2, "attention_types": [[["global", "local"], 1]], "attention_layers": ["global", "local"]},
@@ -198,14 +207,26 @@ def _layer_count(values: dict) -> tuple[str | None, int | None]:
     return None, None
 
 
+def _short_origins(pattern: list, layers: int) -> list[int]:
+    """Which layer of a per-layer pattern each of the ``layers`` kept ones copies: the first
+    ``layers``, with the first layer of every missing kind put in at the end."""
+    origins = list(range(min(layers, len(pattern))))
+    kinds = list(dict.fromkeys(map(repr, pattern)))
+    kept = {repr(pattern[i]) for i in origins}
+    missing = [next(i for i, p in enumerate(pattern) if repr(p) == kind) for kind in kinds if kind not in kept]
+    for i, origin in enumerate(missing[: layers - 1]):
+        origins[layers - 1 - i] = origin
+    return origins
+
+
 def _short_pattern(pattern: list, layers: int) -> list:
     """The first ``layers`` entries of a per-layer pattern, with every kind of layer kept."""
-    short = list(pattern[:layers])
-    kinds = list(dict.fromkeys(map(repr, pattern)))
-    missing = [next(p for p in pattern if repr(p) == kind) for kind in kinds if kind not in map(repr, short)]
-    for i, value in enumerate(missing[: layers - 1]):
-        short[layers - 1 - i] = value
-    return short
+    return [pattern[i] for i in _short_origins(pattern, layers)]
+
+
+def _is_layer_keyed(value) -> bool:
+    """A dict of per-layer settings keyed by layer index (Gemma 4's ``per_layer_config``: {"05": ...})."""
+    return isinstance(value, dict) and bool(value) and all(isinstance(k, str) and k.isdigit() for k in value)
 
 
 def _cover_length(pattern: list) -> int:
@@ -219,6 +240,17 @@ def _cover_length(pattern: list) -> int:
     return len(pattern)
 
 
+def _shrink_layer_entry(entry: dict, values: dict) -> dict:
+    """One layer's own settings, its sizes shrunk in proportion to the config's: Gemma 4's full
+    layers' head_dim of 512 against 256 stays twice the tiny head_dim."""
+    out = _shrink_values(entry, None)
+    for name, value in entry.items():
+        default = values.get(name)
+        if name in SIZES and isinstance(value, int) and isinstance(default, int) and default > 0:
+            out[name] = max(1, SIZES[name] * value // default)
+    return out
+
+
 def _shrink_values(values: dict, layers: int | None) -> dict:
     """The tiny version of a config's attributes (a ``to_dict()``), sub-configs included."""
     out = {}
@@ -229,14 +261,27 @@ def _shrink_values(values: dict, layers: int | None) -> dict:
     if layers is None:
         cover = max([_cover_length(v) for v in per_layer.values()], default=2)
         layers = min(4, max(2, cover))
+    # Layer-keyed settings follow the layers they were set for: the kept layer that copies layer j
+    # of the longest per-layer pattern (the one the layer kinds come from) takes layer j's entry.
+    pattern = max(per_layer.values(), key=lambda v: len(set(map(repr, v))), default=None)
+    origins = _short_origins(pattern, layers) if pattern else list(range(layers))
     for name, value in values.items():
         if isinstance(value, dict) and name.endswith("config") and "model_type" in value:
             out[name] = _shrink_values(value, layers)
+        elif _is_layer_keyed(value) and default_layers:
+            width = len(next(iter(value)))
+            out[name] = {str(i).zfill(width): _shrink_layer_entry(value[str(j).zfill(width)], values)
+                         for i, j in enumerate(origins) if str(j).zfill(width) in value}
         elif name in per_layer:
             value = per_layer[name]
             is_index = all(isinstance(v, int) and not isinstance(v, bool) for v in value) and value == sorted(
                 set(value)) and value[-1] >= default_layers - 1 and len(set(value)) == len(value) and value[0] == 0
-            out[name] = list(range(layers)) if is_index else _short_pattern(value, layers)
+            if is_index:
+                out[name] = list(range(layers))
+            elif name in SIZES and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+                out[name] = [SIZES[name]] * layers  # a size per layer (Gemma 3n's intermediate_size)
+            else:
+                out[name] = _short_pattern(value, layers)
         elif name in LAYER_COUNT_NAMES and isinstance(value, int) and not isinstance(value, bool):
             out[name] = layers
         elif name in WINDOWS and value is not None and not isinstance(value, bool):
