@@ -102,7 +102,11 @@ class RecordingVerifier(GreedyVerifier):
         verdict = super().verify(state, draft, scores)
         raw = None
         if self.tap is not None and self.tap.parts:
-            raw = self.tap.take()[:, -scores.shape[1]:].double().cpu()
+            raw = self.tap.take()
+            # A draft's first-position alternatives are read after the chain: the last columns.
+            siblings = draft.alternatives.shape[1] if draft.alternatives is not None and \
+                self.tap.decoder._reads_alternatives(state) else 0
+            raw = raw[:, raw.shape[1] - scores.shape[1] - siblings : raw.shape[1] - siblings].double().cpu()
         self.records.append((
             state.rows_host.clone(),
             state.lengths_host[state.rows_host].clone(),
@@ -140,8 +144,11 @@ def _policy(name):
     return ConstantLookahead(k=4) if name == "constant" else HeuristicLookahead()
 
 
+ALTERNATIVES = 0  # the model drafter's first-position alternatives (--alternatives)
+
+
 def _drafter(name, draft_model):
-    return ModelDrafter(draft_model) if name == "model" else NGramDrafter(max_ngram=3)
+    return ModelDrafter(draft_model, alternatives=ALTERNATIVES) if name == "model" else NGramDrafter(max_ngram=3)
 
 
 def _innermost_specdec_frame(exc: BaseException) -> str | None:
@@ -485,9 +492,13 @@ def main(argv=None) -> int:
     parser.add_argument("--json", help="write every result (all configurations) to this file")
     parser.add_argument("--markdown", help="write the summary table to this markdown file")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per architecture (default 60)")
+    parser.add_argument("--alternatives", type=int, default=0,
+                        help="the model drafter verifies this many first-position alternatives too (a token tree)")
     parser.add_argument("--quick", action="store_true",
                         help="single-prompt runs only for model/constant (the batch runs for every combination)")
     args = parser.parse_args(argv)
+    global ALTERNATIVES
+    ALTERNATIVES = args.alternatives
 
     kept, left_out = architectures()
     if args.only:
@@ -525,6 +536,7 @@ def main(argv=None) -> int:
         "new_tokens": NEW_TOKENS,
         "prompt_lengths": LENGTHS,
         "quick": args.quick,
+        "alternatives": args.alternatives,
         "summary": summary_lines(results)[0],
     }
     if args.json:

@@ -118,9 +118,11 @@ def contenders(run: str, target, head, heuristic_max: int, only=(), other_head=N
             return out.sequences, observer.take()
         return go
 
-    def behind_lookup(which=head, then=2, n=2):
-        """Prompt lookup where the row's last n tokens recur, the head elsewhere (drafters/fallback.py)."""
-        return FallbackDrafter(NGramDrafter(max_ngram=3, min_ngram=n), HiddenStateDrafter(which), then_max_tokens=then)
+    def behind_lookup(which=head, then=2, n=2, alternatives=0):
+        """Prompt lookup where the row's last n tokens recur, the head elsewhere (drafters/fallback.py);
+        the head's first-position alternatives verified too (greedy) where ``alternatives``."""
+        return FallbackDrafter(NGramDrafter(max_ngram=3, min_ngram=n), HiddenStateDrafter(which, alternatives=alternatives),
+                               then_max_tokens=then)
 
     def confidence_auto():
         return DraftConfidenceLookahead(threshold="auto", max_tokens=10)
@@ -155,6 +157,12 @@ def contenders(run: str, target, head, heuristic_max: int, only=(), other_head=N
     found["specdec hidden_state draft-confidence auto"] = spec(HiddenStateDrafter(head),
                                                                DraftConfidenceLookahead(threshold="auto", max_tokens=3))
     found[f"{behind} draft-confidence auto"] = spec(behind_lookup(), confidence_auto())
+    # The head's next best candidates for the first position verified in the same forward (a token
+    # tree of one level; greedy only: under sampling they are not drafted).
+    for count in (2, 3):
+        found[f"{behind} cost-aware, {count} alternatives"] = spec(behind_lookup(alternatives=count), CostAwareLookahead())
+        found[f"{behind} draft-confidence auto, {count} alternatives"] = spec(behind_lookup(alternatives=count),
+                                                                             confidence_auto())
     # Multi-token steps on torch's own linear path instead of oneDNN-packed weights (core/packed_linear.py).
     found["specdec hidden_state k=3 (unpacked)"] = spec(HiddenStateDrafter(head), ConstantLookahead(k=3), packed=False)
     found["specdec ngram>=2 k=10 (unpacked)"] = spec(NGramDrafter(max_ngram=3, min_ngram=2), ConstantLookahead(k=10),

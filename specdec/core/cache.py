@@ -139,7 +139,7 @@ class SlotCache:
             return rows
         return rows.index_select(0, self.row_map)
 
-    def extend(self, valid: torch.Tensor, dense: bool = False) -> torch.Tensor:
+    def extend(self, valid: torch.Tensor, dense: bool = False, siblings: tuple[int, int] | None = None) -> torch.Tensor:
         """Reserve slots for a block of new tokens; return its ``position_ids`` ``[B, n]`` (the
         attention mask is ``slot_mask``, with the new slots in it).
 
@@ -147,7 +147,15 @@ class SlotCache:
         block). ``dense`` says, from what the caller knows on the host, that every column is valid:
         the block then needs no scan, and a cache that has never held a hole stays known to hold
         none (``holes``), which lets one-token steps go without a mask and without asking the device.
+        ``siblings`` ``(first, count)``: the last ``count`` columns are alternatives to column
+        ``first`` and take its position (a token tree's siblings; their own mask keeps them apart).
         """
+        if siblings is not None:
+            first, count = siblings
+            position_ids = self.extend(valid, False)
+            position_ids[:, -count:] = (self.n_valid - valid.sum(1) + valid[:, :first].sum(1))[:, None]
+            self.positions[:, -count:] = position_ids[:, -count:]
+            return position_ids
         if self.row_map is not None:
             self.idle_reads += self.physical_batch - self.row_map.shape[0]
         n = valid.shape[1]

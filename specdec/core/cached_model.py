@@ -88,9 +88,12 @@ class CachedModel:
         logits_to_keep: int = 1,
         embed=None,
         hidden: bool = False,
+        siblings: int = 0,
     ):
         """One forward over what this round has not read yet: the unread committed tokens (first read of
         a round only) and then ``tokens``. ``logits[:, -1]`` is every row's next-token distribution.
+        The last ``siblings`` of ``tokens`` are alternatives to the first (``reads_siblings``): its
+        position, and only what comes before it in view.
 
         ``embed(tokens, positions)``, when given, turns the block into the model's input embeddings
         (a drafter that feeds more than token ids); ``positions`` are each token's buffer position
@@ -111,7 +114,10 @@ class CachedModel:
             return self._reread(state, tokens, valid, logits_to_keep, embed, hidden)
         positions = None  # buffer positions matter only to embed and to read_positions (hidden states)
         if embed is not None or hidden:
-            positions = self._round_start[:, None] + self._speculative_read + torch.arange(speculative, device=device)
+            steps = torch.arange(speculative, device=device)
+            if siblings:  # alternatives to the first token: its position
+                steps[-siblings:] = 0
+            positions = self._round_start[:, None] + self._speculative_read + steps
         self._speculative_read += speculative
         if self._round_columns == 0:  # the round's first read catches up on the committed tokens
             fed_host = self.fed_host[state.rows_host]
@@ -134,7 +140,8 @@ class CachedModel:
             positions = self._remember(valid, positions, catch_up_positions)
         else:
             self._remember(valid, positions)
-        return self._forward(tokens, valid, positions, logits_to_keep, embed, hidden, dense)
+        tree = (tokens.shape[1] - speculative, siblings) if siblings else None
+        return self._forward(tokens, valid, positions, logits_to_keep, embed, hidden, dense, tree)
 
     def _reread(self, state, tokens, valid, logits_to_keep, embed, hidden):
         """``read`` for a ``RereadingRunner``: it gets each row's committed tokens and the round's
@@ -191,11 +198,16 @@ class CachedModel:
         self.positions, self.valid = positions, valid
         return positions
 
-    def _forward(self, tokens, valid, positions, logits_to_keep, embed, hidden, dense):
+    def _forward(self, tokens, valid, positions, logits_to_keep, embed, hidden, dense, siblings=None):
         self._round_columns += tokens.shape[1]
         inputs_embeds = None if embed is None else embed(tokens, positions)
         return self.runner.forward(self.slots, tokens, valid, logits_to_keep=logits_to_keep,
-                                   inputs_embeds=inputs_embeds, hidden=hidden, dense=dense)
+                                   inputs_embeds=inputs_embeds, hidden=hidden, dense=dense, siblings=siblings)
+
+    @property
+    def reads_siblings(self) -> bool:
+        """Whether ``read`` takes ``siblings`` (``CausalLMRunner.reads_siblings``); a re-reading runner does not."""
+        return not self.runner.rereads and self.runner.reads_siblings(self.slots)
 
     def read_positions(self, state) -> torch.Tensor:
         """[B, n] the buffer position of each column of the last read whose token is now committed,

@@ -1,11 +1,25 @@
-"""A draft built one token per forward, shared by every drafter that drafts with a model."""
+"""A draft built one token per forward, shared by every drafter that drafts with a model, and the
+``alternatives`` option of those drafters."""
 
 from __future__ import annotations
 
 import torch
 
+from ..errors import ConfigError
 from .sampling import sample
 from .types import Draft
+
+# More first-position candidates than this are not worth a verify column each: on SmolLM2 and
+# whisper-base the draft's 4th to 6th candidates add 3 points of coverage together
+# (benchmarks/draft_alternatives.py).
+MAX_ALTERNATIVES = 8
+
+
+def alternatives_option(instance, attribute, value) -> None:
+    """attrs validator of a drafter's ``alternatives``: an integer from 0 to ``MAX_ALTERNATIVES``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_ALTERNATIVES:
+        raise ConfigError(f"drafter '{instance.name}': option 'alternatives' must be an integer from 0 to "
+                          f"{MAX_ALTERNATIVES}, got {value!r}")
 
 
 class TokenByToken:
@@ -21,8 +35,12 @@ class TokenByToken:
     ``draft_early_exit`` chooses; docs/design.md, "Host syncs", has the measurement).
     """
 
-    def __init__(self, state, max_tokens: torch.Tensor, keep_drafting=None):  # max_tokens [B] CPU
+    def __init__(self, state, max_tokens: torch.Tensor, keep_drafting=None, alternatives: int = 0):  # max_tokens [B] CPU
         self.state = state
+        # Other candidates for the first position (Draft.alternatives): greedy only, where the loop
+        # verifies them; sampling draws one token per position.
+        self.alternatives_wanted = 0 if state.do_sample else alternatives
+        self.alternatives: torch.Tensor | None = None  # [B, A]
         self.keep_drafting = keep_drafting
         self.width = int(max_tokens.max())
         device, batch = state.device, state.active
@@ -48,6 +66,10 @@ class TokenByToken:
 
     def add(self, scores: torch.Tensor) -> torch.Tensor:  # scores [B, V] fp32, processed -> token [B]
         j, state = self.drafted, self.state
+        if j == 0 and self.alternatives_wanted:
+            top = scores.topk(self.alternatives_wanted + 1, dim=-1)  # the first is the draft itself
+            possible = (top.values[:, 1:] > float("-inf")) & (self.limit > 0)[:, None]
+            self.alternatives = torch.where(possible, top.indices[:, 1:], -1)  # [B, A]
         if self._lean:
             token = scores.argmax(-1)
             self.tokens[:, j] = token
@@ -101,4 +123,5 @@ class TokenByToken:
             self.token_probs[:, :drafted] = q.gather(2, self.tokens[:, :drafted, None])[..., 0]
             self.lengths = self.limit.clamp(max=drafted)
         return Draft(tokens=self.tokens[:, :drafted], lengths=self.lengths, token_probs=self.token_probs[:, :drafted],
-                     probs=None if self.probs is None else self.probs[:, :drafted])
+                     probs=None if self.probs is None else self.probs[:, :drafted],
+                     alternatives=self.alternatives if drafted else None)

@@ -106,10 +106,13 @@ class AttentionLayout:
         dtype: torch.dtype,
         first_query_slot: int | None = None,  # the block's first slot; default: the last n slots
         prompt_lengths: torch.Tensor | None = None,  # [B] long: real prompt tokens (EVICTED windows)
+        branches: torch.Tensor | None = None,  # [n] long: a token tree's branch of each block column
     ) -> torch.Tensor | dict[str, torch.Tensor]:
         """The prepared 4D mask ``[B, 1, n, L]`` of each attention kind: a tensor if there is one kind,
         else a dict by layer type. A static cache passes its full capacity as L and the block's
-        first slot (columns past the block are empty slots, hidden like holes)."""
+        first slot (columns past the block are empty slots, hidden like holes). With ``branches``
+        (-1: the trunk, seen by every column; 0, 1, ...: a branch) a column of the block sees the
+        block's trunk and its own branch only: siblings at one position do not see each other."""
         length, n = slot_mask.shape[1], query_positions.shape[1]
         first = length - n if first_query_slot is None else first_query_slot
         key_pos = positions[:, None, :]  # [B, 1, L]
@@ -118,6 +121,10 @@ class AttentionLayout:
         # A query slot that is a hole still sees itself, so no row of the mask is empty (an empty
         # row makes NaNs that the next layer would read from the cache).
         own = torch.arange(first, first + n, device=slot_mask.device)
+        if branches is not None:
+            key_branch = torch.full((length,), -1, dtype=torch.long, device=slot_mask.device)
+            key_branch[first : first + n] = branches
+            visible = visible & ((key_branch[None, :] == -1) | (key_branch[None, :] == branches[:, None]))[None]
         visible[:, torch.arange(n, device=slot_mask.device), own] = True
         masks = {}
         for kind in self.kinds:

@@ -243,6 +243,7 @@ class CausalLMRunner:
                               f"{reason}; runner_for(model) gives it a RereadingRunner")
         self.model = model
         self._logits_to_keep = _accepts(model, "logits_to_keep")
+        self._takes_positions = _accepts(model, "position_ids")
         # WhisperForCausalLM takes encoder_outputs; BERT/GPT-2-style LMs take encoder_hidden_states,
         # but only have cross-attention layers when built with add_cross_attention.
         if _accepts(model, "encoder_outputs"):
@@ -316,10 +317,11 @@ class CausalLMRunner:
         inputs_embeds: torch.Tensor | None = None,  # [B, n, D]: fed instead of the tokens' embeddings
         hidden: bool = False,
         dense: bool = False,  # every column of ``valid`` is True, as the caller knows on the host
+        siblings: tuple[int, int] | None = None,  # (first, count): see ``reads_siblings``
     ):  # logits [B, logits_to_keep, V], or (logits, last hidden states [B, n, H]) with ``hidden``
         states = slots.recurrent
         if states is None:
-            return self._forward(slots, input_ids, valid, logits_to_keep, inputs_embeds, hidden, dense)
+            return self._forward(slots, input_ids, valid, logits_to_keep, inputs_embeds, hidden, dense, siblings)
         if not states.checkpoints:
             states.begin_round()
         if not states.started:  # the prompt, read at once as generate reads it
@@ -349,20 +351,37 @@ class CausalLMRunner:
         # mask is used as it is. On the CPU a sync is free and the 2D path is transformers' own.
         return device.type != "cpu" and self.layout.takes_prepared_masks
 
+    def reads_siblings(self, slots: SlotCache | None) -> bool:
+        """Whether a block may end in siblings of one of its columns (a token tree's first level: the
+        same position, each seeing the block's columns before that one and itself only): a cache
+        with holes of attention layers only, an attention implementation that takes the 4D mask
+        specdec builds, and positions read from ``position_ids`` (ALiBi models such as Bloom derive
+        theirs from the 2D mask). Recurrent states read a block column by column, and a static
+        cache's steps are compiled for chain blocks."""
+        return (slots is not None and slots.recurrent is None and not slots.static and slots.attends
+                and self.layout.takes_prepared_masks and not self.layout.others and self._takes_positions)
+
     def _forward(self, slots: SlotCache, input_ids, valid, logits_to_keep: int, inputs_embeds=None, hidden=False,
-                 dense=False):
+                 dense=False, siblings: tuple[int, int] | None = None):
         # A static cache's physical batch may hold finished rows: they read holes.
         physical = slots.to_physical(valid, False)  # [P, n]
         dense = dense and physical is valid  # finished rows in the batch read holes
         input_ids, valid = slots.to_physical(input_ids), physical
         if inputs_embeds is not None:
             inputs_embeds = slots.to_physical(inputs_embeds)
-        position_ids = slots.extend(valid, dense)
+        position_ids = slots.extend(valid, dense, siblings)
         one_token = input_ids.shape[1] == 1
-        if self.layout.counts_positions or slots.attends and (slots.static or self._prepares_masks(input_ids.device)):
+        branches = None
+        if siblings is not None:  # the trunk, the chain (branch 0) and each sibling its own branch
+            first, count = siblings
+            n = input_ids.shape[1]
+            branches = torch.cat([torch.full((first,), -1), torch.zeros(n - first - count, dtype=torch.long),
+                                  torch.arange(1, count + 1)]).to(input_ids.device)
+        if self.layout.counts_positions or branches is not None or slots.attends and (
+                slots.static or self._prepares_masks(input_ids.device)):
             attention_mask = self.layout.masks(slots.slot_mask, slots.positions, position_ids, self.model.dtype,
                                                first_query_slot=slots.length - input_ids.shape[1],
-                                               prompt_lengths=slots.prompt_lengths)
+                                               prompt_lengths=slots.prompt_lengths, branches=branches)
         elif not slots.attends:
             attention_mask = valid.long()
         elif one_token and (not slots.holes or input_ids.device.type == "cpu" and bool(slots.slot_mask.all())):
@@ -612,6 +631,10 @@ class Seq2SeqRunner:
         self.encoder_outputs = as_encoder_outputs(encoder_outputs)
         return self.encoder_outputs
 
+    def reads_siblings(self, slots: SlotCache | None) -> bool:
+        """Token-tree siblings (``CausalLMRunner.reads_siblings``): not through a decoder's 2D mask."""
+        return False
+
     def select_rows(self, index: torch.Tensor) -> None:
         """Finished rows leave the batch: drop their encoder output (the cache drops their keys)."""
         self.encoder_outputs = select_encoder_rows(self.encoder_outputs, index)
@@ -628,6 +651,7 @@ class Seq2SeqRunner:
         inputs_embeds: torch.Tensor | None = None,  # [B, n, D] decoder input embeddings
         hidden: bool = False,
         dense: bool = False,  # every column of ``valid`` is True, as the caller knows on the host
+        siblings: None = None,  # never: reads_siblings is False
     ):  # logits [B, logits_to_keep, V], or (logits, last decoder hidden states [B, n, H]) with ``hidden``
         physical = slots.to_physical(valid, False)  # static: [P, n]
         dense = dense and physical is valid  # finished rows in the batch read holes

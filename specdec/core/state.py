@@ -38,6 +38,7 @@ class Committed(NamedTuple):
     appended: torch.Tensor  # [B] long: tokens committed (after eos and length cuts)
     finished: torch.Tensor  # [B] bool
     drafted: torch.Tensor  # [B] long
+    kept: torch.Tensor  # [B] long: of the drafts read, those the caches keep (``accepted`` but for alternatives)
 
 
 @attrs.define(eq=False)
@@ -117,17 +118,21 @@ class DecodeState:
         """[B] on the host: how many tokens each active row may still commit."""
         return self.prompt_width + self.max_new_tokens - self.lengths_host[self.rows_host]
 
-    def commit(self, appended: torch.Tensor, accepted: torch.Tensor, drafted: torch.Tensor) -> Committed:
+    def commit(self, appended: torch.Tensor, accepted: torch.Tensor, drafted: torch.Tensor,
+               kept: torch.Tensor | None = None) -> Committed:
         """Append to each active row the first ``accepted[b] + 1`` tokens of ``appended`` ``[B, K + 1]``
         (its accepted drafts, then the verifier's token), cut after an eos and at the length budget.
+        ``kept`` (default ``accepted``) is how many of the drafts read the caches keep: fewer where a
+        first-position alternative was accepted, which the caches read again as committed tokens.
 
         The iteration's one device sync brings the verdict to the host first; what each row appends
         is decided there, per row in Python (a handful of integers: cheaper than a dozen tensor ops
         on a CPU, and no launches on an accelerator), then written to both copies. Returns those
         host numbers.
         """
-        synced = torch.cat([torch.stack([accepted, drafted], dim=1), appended], dim=1).cpu()  # the sync
-        accepted_host, drafted_host, appended_host = synced[:, 0], synced[:, 1], synced[:, 2:]
+        kept = accepted if kept is None else kept
+        synced = torch.cat([torch.stack([accepted, drafted, kept], dim=1), appended], dim=1).cpu()  # the sync
+        accepted_host, drafted_host, kept_host, appended_host = synced[:, 0], synced[:, 1], synced[:, 2], synced[:, 3:]
         rows_host = self.rows_host
         lengths_host = self.lengths_host[rows_host]
         limit, eos = self.prompt_width + self.max_new_tokens, self.eos_token_set
@@ -152,7 +157,7 @@ class DecodeState:
         device = self.device
         self.sequences[self.rows[:, None], write_at_host.to(device, non_blocking=True)] = appended
         self.lengths[self.rows] = self.lengths_host[rows_host].to(device, non_blocking=True)
-        return Committed(accepted_host, count_host, torch.tensor(finished), drafted_host)
+        return Committed(accepted_host, count_host, torch.tensor(finished), drafted_host, kept_host)
 
     def retire(self, finished_host: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Finished rows leave the batch: ``(keep, keep_host)``, the active positions that stay

@@ -25,6 +25,10 @@ class Draft:
     ``token_probs[b, j]`` is q of the drafted token itself, for confidence-driven policies.
     ``lengths_host``, when the drafter computed the lengths on the CPU (prompt lookup does), is the
     same numbers there, so a drafter composing others routes rows without a device sync.
+    ``alternatives`` ``[B, A]``, when the drafter has them, are other candidates for the FIRST draft
+    position (-1: none): under greedy decoding the loop verifies them in the same target forward,
+    each seeing only the committed tokens (a token tree of one level), and where the first draft is
+    rejected but an alternative is the target's token, commits it and the target's token after it.
     """
 
     tokens: torch.Tensor  # [B, K] long
@@ -32,6 +36,7 @@ class Draft:
     probs: torch.Tensor | None = None  # [B, K, V] float32
     token_probs: torch.Tensor | None = None  # [B, K] float32
     lengths_host: torch.Tensor | None = None  # [B] long, CPU
+    alternatives: torch.Tensor | None = None  # [B, A] long, -1 where none
 
     @property
     def width(self) -> int:
@@ -95,7 +100,7 @@ class Step:
     draft: Draft
     verdict: Verdict
     drafted_host: torch.Tensor  # [B] long
-    accepted_host: torch.Tensor  # [B] long
+    accepted_host: torch.Tensor  # [B] long: drafts kept (a first-position alternative taken: 0, and 2 appended)
     appended_host: torch.Tensor  # [B] long, tokens committed this step (after eos / length cuts)
     finished_host: torch.Tensor  # [B] bool
     appended_tokens: torch.Tensor  # [B, K + 1] long; row b's first appended_host[b] are real

@@ -250,11 +250,21 @@ class SpeculativeDecoder:
         if timers:
             _mark(timers, "draft")
 
-        # 3. verify: ONE target forward over [unread committed tokens, d1 .. dK] for every row.
+        # 3. verify: ONE target forward over [unread committed tokens, d1 .. dK] for every row (and,
+        #    under greedy decoding, the draft's alternatives to d1: siblings that see what d1 sees).
         wants_hidden = self.drafter.wants_hidden_states
-        read = target.read(state, draft.tokens, draft.in_draft(), logits_to_keep=draft.width + 1, hidden=wants_hidden)
-        logits, hidden = read if wants_hidden else (read, None)  # [B, K + 1, V], [B, W + K, H]
+        alternatives = draft.alternatives if draft.alternatives is not None and self._reads_alternatives(state) else None
+        siblings = 0 if alternatives is None else alternatives.shape[1]
+        tokens, valid = draft.tokens, draft.in_draft()
+        if siblings:
+            tokens = torch.cat([tokens, alternatives.clamp(min=0)], dim=1)  # [B, K + A]
+            valid = torch.cat([valid, alternatives >= 0], dim=1)
+        read = target.read(state, tokens, valid, logits_to_keep=draft.width + 1 + siblings, hidden=wants_hidden,
+                           siblings=siblings)
+        logits, hidden = read if wants_hidden else (read, None)  # [B, K + 1 (+ A), V], [B, W + K (+ A), H]
         state.target_calls += 1
+        if siblings:
+            logits, sibling_logits = logits[:, : draft.width + 1], logits[:, draft.width + 1 :]
         scores = state.process(logits.float(), draft.tokens)  # fp32, as model.generate's scores
         verdict = hooks.specdec_verify(state=state, draft=draft, scores=scores)
         if timers:
@@ -264,17 +274,22 @@ class SpeculativeDecoder:
         #    (the target's confidence is copied to the host before it, so the sync completes it too).
         appended = torch.cat([draft.tokens, verdict.next_token[:, None]], dim=1)  # [B, K + 1]
         appended.scatter_(1, verdict.accepted[:, None], verdict.next_token[:, None])
+        commit_accepted, alternative_hits = verdict.accepted, None
+        if siblings:
+            commit_accepted, alternative_hits = _take_alternative(state, verdict, alternatives, sibling_logits, appended)
         target_probs = None if verdict.target_probs is None else verdict.target_probs.to("cpu", non_blocking=True)
-        committed = state.commit(appended, verdict.accepted, draft.lengths)
+        committed = state.commit(appended, commit_accepted, draft.lengths, kept=verdict.accepted)
         hidden_positions = None if hidden is None else target.read_positions(state)
-        target.keep(state, rows_host, verdict.accepted, committed.accepted)
+        if hidden_positions is not None and siblings:
+            hidden_positions = _tree_hidden_positions(hidden_positions, draft.width, alternative_hits)
+        target.keep(state, rows_host, verdict.accepted, committed.kept)
         if timers:
             _mark(timers, "commit")
 
         # 5. observe
         hooks.specdec_on_step(state=state, step=Step(
             iteration=state.iteration, rows_host=rows_host, draft=draft, verdict=verdict,
-            drafted_host=committed.drafted, accepted_host=committed.accepted, appended_host=committed.appended,
+            drafted_host=committed.drafted, accepted_host=committed.kept, appended_host=committed.appended,
             finished_host=committed.finished, appended_tokens=appended, target_probs_host=target_probs,
             hidden_states=hidden, hidden_positions=hidden_positions,
         ))
@@ -287,6 +302,12 @@ class SpeculativeDecoder:
             hooks.specdec_select_rows(state=state, keep=kept[0], keep_host=kept[1])
         if timers:
             _mark(timers, "bookkeeping")
+
+    def _reads_alternatives(self, state) -> bool:
+        """Whether this iteration verifies a draft's first-position alternatives: greedy decoding (a
+        sampled token is drawn from one distribution per position), a target whose cache reads siblings
+        (``CachedModel.reads_siblings``), and dynamic shapes."""
+        return not state.do_sample and not state.static_shapes and self._target.reads_siblings
 
     def _keep_drafting(self, state) -> KeepDrafting:
         return KeepDrafting(self._hooks.specdec_continue_drafting, state, self._judges_positions)
@@ -309,6 +330,35 @@ class KeepDrafting:
         if not self.listening:
             return None
         return self.hook(state=self.state, position=position, tokens=tokens, token_probs=token_probs, probs=probs)
+
+
+def _take_alternative(state, verdict, alternatives, sibling_logits, appended):
+    """Where the first draft was rejected and one of its alternatives is the target's token there,
+    commit that alternative and the target's token after it (read in the alternative's own column):
+    ``appended`` [B, K + 1] is rewritten in place. Returns the tokens each row commits less one
+    (``accepted`` plus one for such rows) and which alternative each row took ``[B, A]``."""
+    count = alternatives.shape[1]
+    # The target's token after each alternative, processed as generate would see it: after the
+    # committed tokens and the alternative.
+    after = torch.stack([state.process(sibling_logits[:, i : i + 1].float(), alternatives[:, i : i + 1].clamp(min=0))[:, 0]
+                         .argmax(-1) for i in range(count)], dim=1)  # [B, A]
+    hits = (verdict.accepted == 0)[:, None] & (alternatives == verdict.next_token[:, None])  # [B, A]; -1 is no token
+    took = hits.any(1)  # [B]
+    bonus = after.gather(1, hits.long().argmax(1, keepdim=True))[:, 0]
+    appended[:, 1] = torch.where(took, bonus, appended[:, 1])  # appended[:, 0] is the alternative already
+    return verdict.accepted + took.long(), hits
+
+
+def _tree_hidden_positions(positions, width: int, hits) -> torch.Tensor:
+    """``read_positions`` of a read that ended in alternatives ``[B, W + K + A]``: an alternative
+    shares d1's position, so a row keeps the hidden state of the one it took (and none of its chain's
+    from d1 on), or of none."""
+    count = hits.shape[1]
+    positions = positions.clone()
+    chain = positions[:, -count - width : -count]
+    positions[:, -count - width : -count] = torch.where(hits.any(1, keepdim=True), -1, chain)
+    positions[:, -count:] = torch.where(hits, positions[:, -count:], -1)
+    return positions
 
 
 def _judges_positions(hook) -> bool:

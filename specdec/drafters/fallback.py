@@ -142,12 +142,23 @@ def _merge(first: Draft, then: Draft, use_first_host) -> Draft:
     lengths_host = None
     if first.lengths_host is not None and then.lengths_host is not None:
         lengths_host = torch.where(use_first_host, first.lengths_host, then.lengths_host)
+    alternatives = None
+    if first.alternatives is not None or then.alternatives is not None:
+        count = max(d.alternatives.shape[1] for d in (first, then) if d.alternatives is not None)
+
+        def candidates(draft):
+            if draft.alternatives is None:
+                return torch.full((draft.tokens.shape[0], count), -1, dtype=torch.long, device=device)
+            return torch.nn.functional.pad(draft.alternatives, (0, count - draft.alternatives.shape[1]), value=-1)
+
+        alternatives = torch.where(use_first[:, None], candidates(first), candidates(then))
     return Draft(
         tokens=torch.where(use_first[:, None], padded(first.tokens, 0), padded(then.tokens, 0)),
         lengths=torch.where(use_first, first.lengths, then.lengths),
         probs=probs,
         token_probs=torch.where(use_first[:, None], token_probs(first), token_probs(then)),
         lengths_host=lengths_host,
+        alternatives=alternatives,
     )
 
 

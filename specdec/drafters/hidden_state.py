@@ -33,7 +33,7 @@ import torch
 from ..core.components import Drafter
 from ..core.deferred import no_grad
 from ..core.hookspecs import hookimpl
-from ..core.drafting import TokenByToken
+from ..core.drafting import TokenByToken, alternatives_option
 from ..core.types import Draft
 from ..errors import ConfigError, IncompatibleModelsError
 
@@ -94,12 +94,15 @@ class HiddenStateDrafter(Drafter):
     """Draft with a one-layer head that reads the target's last hidden states (EAGLE-style).
 
     ``head``: a ``HiddenStateHead`` or the path of one saved by ``specdec drafter train``.
+    ``alternatives``: under greedy decoding, also hand the verify the head's next best candidates
+    for the first position (``Draft.alternatives``), this many.
     """
 
     name = "hidden-state"
     wants_hidden_states = True
 
     head: HiddenStateHead | str = attrs.field(validator=_head)
+    alternatives: int = attrs.field(default=0, kw_only=True, validator=alternatives_option)
     _cached: CachedModel | None = attrs.field(default=None, init=False, repr=False)
     _embedding = attrs.field(default=None, init=False, repr=False)
     _hidden: torch.Tensor | None = attrs.field(default=None, init=False, repr=False)  # [R, T + 1, H]
@@ -162,7 +165,7 @@ class HiddenStateDrafter(Drafter):
     def propose(self, state, max_tokens, keep_drafting) -> Draft:
         if not self._started:  # the target has not read the prompt yet: a plain target step does
             return Draft.empty(state.active, state.device)
-        draft, fed, embed, last = TokenByToken(state, max_tokens, keep_drafting), None, self._inputs(state), self._hidden.shape[1] - 1
+        draft, fed, embed, last = TokenByToken(state, max_tokens, keep_drafting, self.alternatives), None, self._inputs(state), self._hidden.shape[1] - 1
         while True:
             logits, predicted = self._cached.read(state, fed, embed=embed, hidden=True)  # [B, 1, V'], [B, n, H]
             state.draft_calls += 1

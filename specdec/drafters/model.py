@@ -22,7 +22,7 @@ import attrs
 from ..core.components import Drafter
 from ..core.deferred import no_grad
 from ..core.hookspecs import hookimpl
-from ..core.drafting import TokenByToken
+from ..core.drafting import TokenByToken, alternatives_option
 from ..core.types import Draft
 from ..errors import ConfigError, IncompatibleModelsError
 
@@ -50,12 +50,15 @@ class ModelDrafter(Drafter):
     ``token_map``: for a draft whose output head scores only a subset of the target's tokens, the
     full id of each of its outputs (a list, a tensor, or a .json / .safetensors file); a draft
     model that carries a ``token_map`` buffer needs none (core/reduced_vocab.py).
+    ``alternatives``: under greedy decoding, also hand the verify the draft's next best candidates
+    for the first position (``Draft.alternatives``), this many.
     """
 
     name = "model"
 
     model: PreTrainedModel | str = attrs.field(validator=_model_or_path)
     token_map: Any = attrs.field(default=None, kw_only=True)
+    alternatives: int = attrs.field(default=0, kw_only=True, validator=alternatives_option)
     _cached: CachedModel | None = attrs.field(default=None, init=False, repr=False)
     _reduced: TokenMap | None = attrs.field(default=None, init=False, repr=False)
     _drafts_fed: int = attrs.field(default=0, init=False, repr=False)
@@ -136,7 +139,7 @@ class ModelDrafter(Drafter):
 
     @no_grad
     def propose(self, state, max_tokens, keep_drafting) -> Draft:
-        draft = TokenByToken(state, max_tokens, keep_drafting)
+        draft = TokenByToken(state, max_tokens, keep_drafting, self.alternatives)
         fed = None  # the first read of a round catches up on the committed tokens by itself
         while True:
             logits = self._cached.read(state, fed)[:, -1].float()  # [B, V] (or [B, V'] from a reduced head)
