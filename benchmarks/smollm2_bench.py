@@ -160,8 +160,8 @@ def contenders(run: str, target, head, heuristic_max: int, only=(), other_head=N
     # The head's next best candidates for the first position verified in the same forward (a token
     # tree of one level; greedy only: under sampling they are not drafted).
     for count in (2, 3):
-        found[f"{behind} cost-aware, {count} alternatives"] = spec(behind_lookup(alternatives=count), CostAwareLookahead())
-        found[f"{behind} draft-confidence auto, {count} alternatives"] = spec(behind_lookup(alternatives=count),
+        found[f"{behind} cost-aware +{count} alternatives"] = spec(behind_lookup(alternatives=count), CostAwareLookahead())
+        found[f"{behind} draft-confidence auto +{count} alternatives"] = spec(behind_lookup(alternatives=count),
                                                                              confidence_auto())
     # Multi-token steps on torch's own linear path instead of oneDNN-packed weights (core/packed_linear.py).
     found["specdec hidden_state k=3 (unpacked)"] = spec(HiddenStateDrafter(head), ConstantLookahead(k=3), packed=False)

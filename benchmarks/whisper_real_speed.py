@@ -22,6 +22,8 @@ English, task transcribe, no timestamps, greedy):
   weights (``core/packed_linear.py``): the plain baseline that specdec's packed steps are measured
   against where a batch alone makes the linear layers cheaper.
 - ``specdec-unpacked``: ``specdec`` with ``packed_weights=False`` (torch's own linear path).
+- ``specdec-alt3``: ``specdec`` with the draft's 3 next best candidates for the first position
+  verified too (``alternatives = 3``, a token tree of one level; docs/strategies.md).
 - ``specdec-stop21``: ``specdec`` packed by stop 21's rule (no padding to a faster wider width, the
   draft's one-token steps on torch's path; ``benchmarks/packing_rules.py``).
 - ``specdec-int8``: the same loop with base's whole decoder (its six layers and its full head)
@@ -152,11 +154,11 @@ def contenders(target, draft, policy: str, int8, assistant, hf_tokens: int | Non
         kwargs = {} if hf_tokens is None else {"num_assistant_tokens": hf_tokens, "num_assistant_tokens_schedule": "constant"}
         return target.generate(x, language="en", task="transcribe", assistant_model=assistant, **kwargs), None
 
-    def speculative(model, choice, packed=True, rule=None):
+    def speculative(model, choice, packed=True, rule=None, alternatives=0):
         # One decoder for every call, as `specdec transcribe` keeps one over its files: a policy
         # that measures (cost-aware) keeps what it learnt.
-        decoder = SpeculativeDecoder(target=target, drafter=SharedEncoderDrafter(model=model), policy=make_policy(choice),
-                                     packed_weights=packed)
+        decoder = SpeculativeDecoder(target=target, drafter=SharedEncoderDrafter(model=model, alternatives=alternatives),
+                                     policy=make_policy(choice), packed_weights=packed)
         whisper = WhisperSpeculativeDecoder(decoder)
 
         def run(x):
@@ -175,6 +177,7 @@ def contenders(target, draft, policy: str, int8, assistant, hf_tokens: int | Non
         out[named("specdec", choice)] = (None, speculative(draft, choice))
         out[named("specdec-unpacked", choice)] = (None, speculative(draft, choice, packed=False))
         out[named("specdec-stop21", choice)] = (None, speculative(draft, choice, rule="stop 21"))
+        out[named("specdec-alt3", choice)] = (None, speculative(draft, choice, alternatives=3))
     if assistant is not None:
         out["hf-assisted"] = ({1}, assisted)
     if int8 is not None:
@@ -199,7 +202,7 @@ def measure(args) -> dict:
     target, processor = load_target(args.model)
     wanted = set(args.contenders.split(","))
     # Only contenders that draft with it load the draft: base's peak memory (--memory) must not hold it.
-    draft = load_shared_encoder_draft(args.draft, target) if wanted & {"specdec", "specdec-unpacked", "specdec-stop21", "hf-assisted"} else None
+    draft = load_shared_encoder_draft(args.draft, target) if wanted & {"specdec", "specdec-unpacked", "specdec-stop21", "specdec-alt3", "hf-assisted"} else None
     eot = target.generation_config.eos_token_id
     clock = EncoderClock(target)
     assistant = full_head_assistant(draft, target) if "hf-assisted" in wanted else None

@@ -139,3 +139,27 @@ class TestBadInput:
 
 def test_every_family_is_sorted_into_one_list():
     assert set(READS) | set(FALLS_BACK) <= set(FAMILIES)
+
+
+class TestWhisper:
+    """An encoder-decoder target reads them through a 4D decoder mask, with Whisper's processors
+    (forced tokens, suppression, the timestamp grammar) applied to each alternative's own column."""
+
+    @pytest.mark.parametrize("options", [dict(language="en"), dict(return_timestamps=True)], ids=["en", "timestamps"])
+    def test_equals_generate_with_a_shared_encoder_draft(self, options):
+        from specdec.drafters import SharedEncoderDrafter
+        from specdec.whisper import WhisperSpeculativeDecoder
+
+        from .conftest import perturbed_copy
+        from .tiny_whisper import decoder_of, features, tiny_whisper
+
+        target = tiny_whisper(seed=0)
+        draft = perturbed_copy(decoder_of(target), 0.3, seed=2)  # right often, not always
+        x = features(3, seed=21)
+        reference = target.generate(x, max_new_tokens=20, **options)
+        recorder = Recorder()
+        decoder = SpeculativeDecoder(target=target, drafter=SharedEncoderDrafter(model=draft, alternatives=3),
+                                     policy=ConstantLookahead(k=2), observers=[recorder])
+        out = WhisperSpeculativeDecoder(decoder).generate(x, max_new_tokens=20, **options)
+        assert torch.equal(out, reference), (out.tolist(), reference.tolist())
+        assert alternatives_taken(recorder) > 0

@@ -173,3 +173,4 @@ def test_the_shipped_smollm2_config_builds_lookup_then_head():
     assert isinstance(drafter, FallbackDrafter) and drafter.then_max_tokens == 2
     assert isinstance(drafter.first, NGramDrafter)
     assert isinstance(drafter.then, HiddenStateDrafter) and Path(drafter.then.head).is_file()
+    assert drafter.then.alternatives == 3  # read from the TOML table of the fallback's second drafter

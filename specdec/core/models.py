@@ -22,7 +22,7 @@ from transformers.utils import ModelOutput
 
 from ..errors import ConfigError, InputError, RereadWarning
 from .cache import SlotCache, static_cache
-from .masks import AttentionLayout
+from .masks import FULL, AttentionLayout
 from .packed_linear import packed_steps
 from .recurrent import config_cache
 
@@ -371,12 +371,7 @@ class CausalLMRunner:
             inputs_embeds = slots.to_physical(inputs_embeds)
         position_ids = slots.extend(valid, dense, siblings)
         one_token = input_ids.shape[1] == 1
-        branches = None
-        if siblings is not None:  # the trunk, the chain (branch 0) and each sibling its own branch
-            first, count = siblings
-            n = input_ids.shape[1]
-            branches = torch.cat([torch.full((first,), -1), torch.zeros(n - first - count, dtype=torch.long),
-                                  torch.arange(1, count + 1)]).to(input_ids.device)
+        branches = None if siblings is None else tree_branches(input_ids.shape[1], siblings, input_ids.device)
         if self.layout.counts_positions or branches is not None or slots.attends and (
                 slots.static or self._prepares_masks(input_ids.device)):
             attention_mask = self.layout.masks(slots.slot_mask, slots.positions, position_ids, self.model.dtype,
@@ -565,6 +560,15 @@ class RereadingRunner:
         return self.model(**inputs)
 
 
+def tree_branches(n: int, siblings: tuple[int, int], device) -> torch.Tensor:
+    """``AttentionLayout.masks``' branches of an n-column block whose last ``count`` columns are
+    siblings of column ``first``: the catch-up before it is the trunk (-1), the chain branch 0, each
+    sibling its own branch."""
+    first, count = siblings
+    return torch.cat([torch.full((first,), -1), torch.zeros(n - first - count, dtype=torch.long),
+                      torch.arange(1, count + 1)]).to(device)
+
+
 class Seq2SeqRunner:
     """Runs an encoder-decoder model (``WhisperForConditionalGeneration``, ...) on ragged decoder blocks.
 
@@ -591,6 +595,7 @@ class Seq2SeqRunner:
         self._cache_argument = cache_argument(model)
         self.encoder_outputs: ModelOutput | None = None
         self._encoder_mask: torch.Tensor | None = None  # [B, S] or None
+        self.layout = AttentionLayout.of(model)  # the decoder's self-attention: full, causal
 
     @property
     def device(self) -> torch.device:
@@ -632,8 +637,10 @@ class Seq2SeqRunner:
         return self.encoder_outputs
 
     def reads_siblings(self, slots: SlotCache | None) -> bool:
-        """Token-tree siblings (``CausalLMRunner.reads_siblings``): not through a decoder's 2D mask."""
-        return False
+        """Token-tree siblings (``CausalLMRunner.reads_siblings``): through a 4D decoder mask, where
+        the decoder's attention takes one and its positions are ``decoder_position_ids``."""
+        return slots is not None and not slots.static and self.layout.takes_prepared_masks and \
+            self.layout.kinds == (FULL,)
 
     def select_rows(self, index: torch.Tensor) -> None:
         """Finished rows leave the batch: drop their encoder output (the cache drops their keys)."""
@@ -651,15 +658,19 @@ class Seq2SeqRunner:
         inputs_embeds: torch.Tensor | None = None,  # [B, n, D] decoder input embeddings
         hidden: bool = False,
         dense: bool = False,  # every column of ``valid`` is True, as the caller knows on the host
-        siblings: None = None,  # never: reads_siblings is False
+        siblings: tuple[int, int] | None = None,  # (first, count): see ``reads_siblings``
     ):  # logits [B, logits_to_keep, V], or (logits, last decoder hidden states [B, n, H]) with ``hidden``
         physical = slots.to_physical(valid, False)  # static: [P, n]
         dense = dense and physical is valid  # finished rows in the batch read holes
         input_ids, valid = slots.to_physical(input_ids), physical
         if inputs_embeds is not None:
             inputs_embeds = slots.to_physical(inputs_embeds)
-        position_ids = slots.extend(valid, dense)  # [B, n]
-        attention_mask = slots.slot_mask.long()  # [B, L + n] (static: [P, capacity])
+        position_ids = slots.extend(valid, dense, siblings)  # [B, n]
+        if siblings is None:
+            attention_mask = slots.slot_mask.long()  # [B, L + n] (static: [P, capacity])
+        else:  # a token tree's siblings: a 4D mask keeps them apart
+            attention_mask = self.layout.masks(slots.slot_mask, slots.positions, position_ids, self.model.dtype,
+                                               branches=tree_branches(input_ids.shape[1], siblings, input_ids.device))
         tokens = {"decoder_input_ids": input_ids} if inputs_embeds is None else {"decoder_inputs_embeds": inputs_embeds}
         step = slots.length > input_ids.shape[1]  # the first read computes the cross-attention keys, as generate's
         with packed_steps(self.model, input_ids.numel(), self.packed_one_row) if self.packed_steps and step else nullcontext():
