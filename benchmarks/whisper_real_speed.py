@@ -22,8 +22,8 @@ English, task transcribe, no timestamps, greedy):
   weights (``core/packed_linear.py``): the plain baseline that specdec's packed steps are measured
   against where a batch alone makes the linear layers cheaper.
 - ``specdec-unpacked``: ``specdec`` with ``packed_weights=False`` (torch's own linear path).
-- ``specdec-alt3``: ``specdec`` with the draft's 3 next best candidates for the first position
-  verified too (``alternatives = 3``, a token tree of one level; docs/strategies.md).
+- ``specdec-alt1``, ``-alt2``, ``-alt3``: ``specdec`` with the draft's 1, 2 or 3 next best candidates
+  for the first position verified too (``alternatives``, a token tree of one level; docs/strategies.md).
 - ``specdec-stop21``: ``specdec`` packed by stop 21's rule (no padding to a faster wider width, the
   draft's one-token steps on torch's path; ``benchmarks/packing_rules.py``).
 - ``specdec-int8``: the same loop with base's whole decoder (its six layers and its full head)
@@ -177,7 +177,8 @@ def contenders(target, draft, policy: str, int8, assistant, hf_tokens: int | Non
         out[named("specdec", choice)] = (None, speculative(draft, choice))
         out[named("specdec-unpacked", choice)] = (None, speculative(draft, choice, packed=False))
         out[named("specdec-stop21", choice)] = (None, speculative(draft, choice, rule="stop 21"))
-        out[named("specdec-alt3", choice)] = (None, speculative(draft, choice, alternatives=3))
+        for count in (1, 2, 3):
+            out[named(f"specdec-alt{count}", choice)] = (None, speculative(draft, choice, alternatives=count))
     if assistant is not None:
         out["hf-assisted"] = ({1}, assisted)
     if int8 is not None:
@@ -202,7 +203,8 @@ def measure(args) -> dict:
     target, processor = load_target(args.model)
     wanted = set(args.contenders.split(","))
     # Only contenders that draft with it load the draft: base's peak memory (--memory) must not hold it.
-    draft = load_shared_encoder_draft(args.draft, target) if wanted & {"specdec", "specdec-unpacked", "specdec-stop21", "specdec-alt3", "hf-assisted"} else None
+    draft = load_shared_encoder_draft(args.draft, target) if wanted & {"specdec", "specdec-unpacked", "specdec-stop21", "specdec-alt1", "specdec-alt2", "specdec-alt3",
+                                                                   "hf-assisted"} else None
     eot = target.generation_config.eos_token_id
     clock = EncoderClock(target)
     assistant = full_head_assistant(draft, target) if "hf-assisted" in wanted else None

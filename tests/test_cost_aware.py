@@ -232,8 +232,8 @@ class TestTiming:
         fed(policy, 1, {0: 1.0, 2: 2.0, 4: 3.0})
         state = fake_state(1)
         policy.begin(state, None)
-        policy._pending = (1, 1, 0, now[0], True)  # iteration 1 was a plain step
-        policy._drafted = False
+        policy._pending = (1, 1, 0, now[0], True, False)  # iteration 1 was a plain step
+        policy._drafted, policy._drafted_in_request = False, True  # after the draft's first read
         for iteration, seconds in [(2, 9.0), (3, 2.0)]:  # iteration 2 drafts (catching up), then 3
             state.iteration = iteration
             policy.plan(state, alpha=torch.tensor([0.99]))
@@ -535,10 +535,37 @@ def after_a_plain_step(probe_rate: float):
     fed(policy, 1, {0: 1.0, 2: 2.0, 4: 3.0}, repeats=1)
     state = fake_state(1)
     policy.begin(state, None)
-    policy._pending, policy._drafted = (1, 1, 0, now[0], True), False  # iteration 1: a plain step
+    policy._pending, policy._drafted = (1, 1, 0, now[0], True, False), False  # iteration 1: a plain step
+    policy._drafted_in_request = True  # the draft model has read the prompt (an earlier drafting iteration)
     now[0] += 1.0
     state.iteration = 2
     return policy, policy._fits[1], state, now
+
+
+def test_the_draft_models_first_read_of_a_request_is_not_the_price_of_resuming():
+    """The request's first drafting iteration reads the whole prompt into the draft model (Whisper's
+    draft also computes its cross-attention keys there): a once-per-request cost. It is recorded
+    neither as k's cost nor as the price of resuming; the next resume after plain steps is."""
+    policy, fit, state, now = after_a_plain_step(probe_rate=0.0)
+    policy._drafted_in_request = False  # a fresh request: the draft model has read nothing yet
+    policy.plan(state, alpha=torch.tensor([0.99]))  # records the plain step; iteration 2 drafts
+    k = policy.decision.k
+    assert k > 0
+    cells = {kk: (fit.weight[kk], fit.mean[kk]) for kk in fit.weight}
+    now[0] += fit.costs([k])[k] + 40.0  # the prompt's read: 40 s more
+    state.iteration = 3
+    policy.plan(state, alpha=torch.tensor([0.99]))
+    assert 1 not in policy._resume  # not the price of resuming
+    assert {kk: (fit.weight[kk], fit.mean[kk]) for kk in fit.weight} == cells  # nor k's cost
+    policy._pending, policy._drafted = (3, 1, 0, now[0], True, False), False  # iteration 3: a plain step
+    now[0] += 1.0
+    state.iteration = 4
+    policy.plan(state, alpha=torch.tensor([0.99]))  # iteration 4 drafts again: a resume
+    k = policy.decision.k
+    now[0] += fit.costs([k])[k] + 4.0
+    state.iteration = 5
+    policy.plan(state, alpha=torch.tensor([0.99]))
+    assert policy._resume[1] == pytest.approx([1.0, 4.0])
 
 
 def test_the_catch_up_is_the_price_of_resuming():

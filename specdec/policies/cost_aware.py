@@ -296,6 +296,7 @@ class CostAwareLookahead(LookaheadPolicy):
     _pending: tuple | None = attrs.field(default=None, init=False, repr=False)
     _row_cuts: int = attrs.field(default=0, init=False, repr=False)  # state.row_cuts at the last lookahead
     _drafted: bool = attrs.field(default=False, init=False, repr=False)  # the last planned iteration drafted
+    _drafted_in_request: bool = attrs.field(default=False, init=False, repr=False)  # some iteration of this request did
     # bucket -> [decayed weight, mean seconds] an iteration that drafts after a plain one takes beyond
     # the fit's k: the drafter's catch-up, the price of resuming (kept across requests, like the fits)
     _resume: dict[int, list[float]] = attrs.field(factory=dict, init=False, repr=False)
@@ -412,7 +413,7 @@ class CostAwareLookahead(LookaheadPolicy):
         self._failure = [0.0] * state.batch_size
         self._pending = None
         self._row_cuts = 0
-        self._drafted = False
+        self._drafted = self._drafted_in_request = False
         self._probe_next = None
         self.requested = None
 
@@ -487,8 +488,14 @@ class CostAwareLookahead(LookaheadPolicy):
         requested = [min(b, k) for b in budget]
         self.requested = torch.tensor(requested, dtype=torch.long)
         width = max(requested, default=0)
-        self._pending = (state.iteration, batch, width, now, self._drafted)
+        # The request's first drafting iteration is the draft model's first read: the whole prompt, and
+        # for Whisper's draft its cross-attention keys (45 ms at batch 1, two plain steps). Once per
+        # request, whatever the policy does: not the price of resuming after plain steps, which it
+        # would make look dear for the rest of the run (docs/benchmarks.md, stop 23).
+        first = width > 0 and not self._drafted_in_request
+        self._pending = (state.iteration, batch, width, now, self._drafted, first)
         self._drafted = width > 0
+        self._drafted_in_request = self._drafted_in_request or self._drafted
         return torch.full((batch,), k, dtype=torch.long)
 
     def time_at_width(self, width: int) -> None:
@@ -496,23 +503,24 @@ class CostAwareLookahead(LookaheadPolicy):
         asked for: for a policy whose lookahead is only a cap (a confidence stop decides the width,
         and the width is what the iteration cost). Call it before ``on_step``."""
         if self._pending is not None:
-            iteration, batch, _, started, warm = self._pending
-            self._pending = (iteration, batch, width, started, warm)
+            iteration, batch, _, started, warm, first = self._pending
+            self._pending = (iteration, batch, width, started, warm, first)
         self._drafted = width > 0
 
     def _record(self, iteration: int, now: float) -> None:
         """The previous iteration took from its lookahead to this one: everything it caused
         (the draft, the verify and the loop's sync, the drafter's cache bookkeeping after
         ``on_step``, rows leaving the batch) is inside. Not recorded: the first iteration of a
-        request (it also reads the prompt), the last (no lookahead follows it), and one that
-        drafted after one that did not: what it took beyond the fit's k (the drafter's catch-up on
-        the tokens it sat out) is the price of resuming, kept apart (probes' included: resuming
-        costs that, whoever chose it)."""
+        request (it also reads the prompt), the last (no lookahead follows it), the request's first
+        that drafted (the draft model reads the prompt then), and one that drafted after one that
+        did not: what it took beyond the fit's k (the drafter's catch-up on the tokens it sat out)
+        is the price of resuming, kept apart (probes' included: resuming costs that, whoever chose
+        it)."""
         if self._pending is None:
             return
-        previous, batch, width, started, warm = self._pending
+        previous, batch, width, started, warm, first = self._pending
         self._pending = None
-        if not (previous > 0 and iteration == previous + 1):
+        if not (previous > 0 and iteration == previous + 1) or first:
             return
         bucket = bucket_of(batch)
         fit = self._fits.setdefault(bucket, CostFit(log_batch=math.log2(batch)))
