@@ -24,6 +24,10 @@ English, task transcribe, no timestamps, greedy):
 - ``specdec-unpacked``: ``specdec`` with ``packed_weights=False`` (torch's own linear path).
 - ``specdec-alt1``, ``-alt2``, ``-alt3``: ``specdec`` with the draft's 1, 2 or 3 next best candidates
   for the first position verified too (``alternatives``, a token tree of one level; docs/strategies.md).
+- ``specdec-head``, ``specdec-head-alt3``: ``WhisperSpeculativeDecoder`` with the ``hidden-state``
+  drafter and the head of ``--head`` (EAGLE-style: one decoder layer reading base's own decoder
+  states and base's keys and values of its last layer's cross-attention; ``specdec drafter
+  train-whisper``), without and with 3 alternatives.
 - ``specdec-stop21``: ``specdec`` packed by stop 21's rule (no padding to a faster wider width, the
   draft's one-token steps on torch's path; ``benchmarks/packing_rules.py``).
 - ``specdec-int8``: the same loop with base's whole decoder (its six layers and its full head)
@@ -62,7 +66,7 @@ from specdec.core.model_cache import resolve_model_path  # noqa: E402
 from specdec.core.packed_linear import packed_everywhere  # noqa: E402
 
 from packing_rules import packing_rule  # noqa: E402
-from specdec.drafters import SharedEncoderDrafter  # noqa: E402
+from specdec.drafters import HiddenStateDrafter, SharedEncoderDrafter  # noqa: E402
 from specdec.drafters.shared_encoder_draft import load_shared_encoder_draft  # noqa: E402
 from specdec.policies import ConstantLookahead, CostAwareLookahead, DraftConfidenceLookahead, HeuristicLookahead  # noqa: E402
 from specdec.whisper import WhisperSpeculativeDecoder  # noqa: E402
@@ -140,7 +144,7 @@ def new_tokens(ids: torch.Tensor, eot: int) -> int:
     return int((ids != eot).sum())
 
 
-def contenders(target, draft, policy: str, int8, assistant, hf_tokens: int | None):
+def contenders(target, draft, policy: str, int8, assistant, hf_tokens: int | None, head: Path | None = None):
     """name -> (batch sizes it runs at, fn(features) -> (ids, stats or None))."""
 
     def base(x):
@@ -157,8 +161,9 @@ def contenders(target, draft, policy: str, int8, assistant, hf_tokens: int | Non
     def speculative(model, choice, packed=True, rule=None, alternatives=0):
         # One decoder for every call, as `specdec transcribe` keeps one over its files: a policy
         # that measures (cost-aware) keeps what it learnt.
-        decoder = SpeculativeDecoder(target=target, drafter=SharedEncoderDrafter(model=model, alternatives=alternatives),
-                                     policy=make_policy(choice), packed_weights=packed)
+        drafter = (HiddenStateDrafter(head=str(head), alternatives=alternatives) if model == "head"
+                   else SharedEncoderDrafter(model=model, alternatives=alternatives))
+        decoder = SpeculativeDecoder(target=target, drafter=drafter, policy=make_policy(choice), packed_weights=packed)
         whisper = WhisperSpeculativeDecoder(decoder)
 
         def run(x):
@@ -179,6 +184,9 @@ def contenders(target, draft, policy: str, int8, assistant, hf_tokens: int | Non
         out[named("specdec-stop21", choice)] = (None, speculative(draft, choice, rule="stop 21"))
         for count in (1, 2, 3):
             out[named(f"specdec-alt{count}", choice)] = (None, speculative(draft, choice, alternatives=count))
+    for choice in choices if head is not None else ():
+        out[named("specdec-head", choice)] = (None, speculative("head", choice))
+        out[named("specdec-head-alt3", choice)] = (None, speculative("head", choice, alternatives=3))
     if assistant is not None:
         out["hf-assisted"] = ({1}, assisted)
     if int8 is not None:
@@ -209,8 +217,9 @@ def measure(args) -> dict:
     clock = EncoderClock(target)
     assistant = full_head_assistant(draft, target) if "hf-assisted" in wanted else None
     int8 = int8_decoder(target) if "specdec-int8" in wanted else None
+    head = args.head if wanted & {"specdec-head", "specdec-head-alt3"} else None
     runs = {name: value for name, value in contenders(target, draft, args.policy, int8, assistant,
-                                                      args.hf_assistant_tokens).items() if name.split()[0] in wanted}
+                                                      args.hf_assistant_tokens, head).items() if name.split()[0] in wanted}
     rows = load_utterances(args.audio_dir, args.limit)
     audio_seconds = [r["seconds"] for r in rows]
     results = {}
@@ -282,7 +291,7 @@ def measure(args) -> dict:
 def memory_of(args, name: str) -> float:
     """Peak RSS (MiB) of a fresh process that loads everything ``name`` needs and transcribes at batch 1."""
     command = [sys.executable, __file__, "--audio-dir", str(args.audio_dir), "--model", args.model, "--draft",
-               str(args.draft), "--batch-sizes", "1", "--repeats", "1", "--limit", "2", "--contenders", name,
+               str(args.draft), *(["--head", str(args.head)] if args.head else []), "--batch-sizes", "1", "--repeats", "1", "--limit", "2", "--contenders", name,
                "--policy", args.policy, "--threads", str(args.threads), "--peak-rss"]
     out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     return float(out.strip().splitlines()[-1])
@@ -293,6 +302,8 @@ def main() -> int:
     parser.add_argument("--audio-dir", type=Path, required=True)
     parser.add_argument("--model", default="whisper-base", help="a name fetched into the cache, or a folder")
     parser.add_argument("--draft", type=Path, default=DEFAULT_DRAFT)
+    parser.add_argument("--head", type=Path, help="a hidden-state head for base (specdec drafter train-whisper): "
+                        "the specdec-head contenders")
     parser.add_argument("--batch-sizes", default="1,4,16")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--warmup", type=int, default=1, help="1: run each contender once, untimed, before timing")

@@ -138,12 +138,18 @@ class TestFiles:
         with pytest.raises(IncompatibleModelsError, match=r"one-layer gpt_neo, which cannot keep a cache with holes \(.*slot"):
             SpeculativeDecoder(target=target, drafter=HiddenStateDrafter(head))
 
-    def test_an_encoder_decoder_target_is_refused(self):
+    def test_an_encoder_decoder_target_other_than_whisper_is_refused(self):
+        from .test_whisper import tiny_moonshine
+
+        with pytest.raises(IncompatibleModelsError, match="encoder-decoder; the hidden-state head drafts for "
+                                                          "decoder-only targets and Whisper"):
+            SpeculativeDecoder(target=tiny_moonshine(), drafter=HiddenStateDrafter(trained_head("llama")))
+
+    def test_a_head_for_another_architecture_is_refused(self):
         from .tiny_whisper import tiny_whisper
 
-        target = tiny_whisper()
-        with pytest.raises(IncompatibleModelsError, match="encoder-decoder"):
-            SpeculativeDecoder(target=target, drafter=HiddenStateDrafter(trained_head("llama")))
+        with pytest.raises(IncompatibleModelsError, match="one-layer llama head; this target is a whisper"):
+            SpeculativeDecoder(target=tiny_whisper(), drafter=HiddenStateDrafter(trained_head("llama")))
 
 
 class TestHiddenStateAPI:

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import soundfile
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
@@ -37,7 +36,7 @@ from specdec.training.whisper_draft import (
 )
 from specdec.whisper import WhisperSpeculativeDecoder
 
-from .tiny_whisper import EOT, NO_TIMESTAMPS, SOT, features, processor, tiny_whisper
+from .tiny_whisper import EOT, NO_TIMESTAMPS, SOT, features, processor, tiny_whisper, tone_utterances
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = ROOT / "models" / "whisper-base-draft"
@@ -51,18 +50,7 @@ def target():
 
 @pytest.fixture(scope="module")
 def audio_dir(tmp_path_factory):
-    """Six short 'utterances' (tones and noise) with a utterances.json like build_speech_eval.py's."""
-    root = tmp_path_factory.mktemp("speech")
-    rng = np.random.default_rng(0)
-    rows = []
-    for i in range(6):
-        seconds = 2.0 + i
-        t = np.arange(int(16_000 * seconds)) / 16_000
-        audio = 0.3 * np.sin(2 * np.pi * (200 + 90 * i) * t) + rng.normal(0, 0.05, t.shape)
-        soundfile.write(root / f"u{i}.wav", audio.astype(np.float32), 16_000)
-        rows.append({"id": f"u{i}", "file": f"u{i}.wav", "language": "en", "seconds": seconds, "text": "x"})
-    (root / "utterances.json").write_text(json.dumps(rows))
-    return root
+    return tone_utterances(tmp_path_factory.mktemp("speech"))
 
 
 @pytest.fixture(scope="module")

@@ -153,3 +153,23 @@ def features(batch: int, seed=0, frames=3000) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed)
     spectrum = torch.randn(batch, 80, 1, generator=generator, dtype=torch.float64) * 3
     return spectrum + torch.randn(batch, 80, frames, generator=generator, dtype=torch.float64)
+
+
+def tone_utterances(root):
+    """Six short 'utterances' (tones and noise) in ``root`` with a utterances.json like
+    benchmarks/build_speech_eval.py's: training audio for the distillation tests."""
+    import json
+
+    import numpy as np
+    import soundfile
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for i in range(6):
+        seconds = 2.0 + i
+        t = np.arange(int(16_000 * seconds)) / 16_000
+        audio = 0.3 * np.sin(2 * np.pi * (200 + 90 * i) * t) + rng.normal(0, 0.05, t.shape)
+        soundfile.write(root / f"u{i}.wav", audio.astype(np.float32), 16_000)
+        rows.append({"id": f"u{i}", "file": f"u{i}.wav", "language": "en", "seconds": seconds, "text": "x"})
+    (root / "utterances.json").write_text(json.dumps(rows))
+    return root

@@ -1,5 +1,6 @@
 """``specdec drafter train``: fit a ``hidden_state`` drafter head to a target on a text corpus;
-``specdec drafter distill-whisper``: distil a reduced-head ``shared-encoder`` draft from a Whisper target.
+``specdec drafter distill-whisper``: distil a reduced-head ``shared-encoder`` draft from a Whisper target;
+``specdec drafter train-whisper``: fit a ``hidden_state`` head to a Whisper target on speech.
 
 ``drafter_app`` is a typer sub-app; the main CLI mounts it with
 ``app.add_typer(drafter_app, name="drafter")``.
@@ -126,22 +127,79 @@ def distill_whisper(
     seed: int = typer.Option(0, help="Seed for the split, the batches and the order."),
 ):
     """Distil a reduced-head shared-encoder draft from a Whisper target on its own transcripts of --audio-dir."""
+    from ..training.whisper_draft import distill_whisper_draft
+
+    def fit(model, processor, on_progress):
+        try:
+            layer_ids = [int(part) for part in layers.split(",") if part.strip()]
+        except ValueError:
+            raise InputError(f"--layers must be comma-separated integers, got {layers!r}") from None
+        return distill_whisper_draft(
+            model, processor, audio_dir, out, layers=layer_ids, vocab=vocab, epochs=epochs, batch_size=batch_size,
+            lr=lr, holdout=holdout, seed=seed, cache=cache, on_progress=on_progress, train_cross_kv=train_cross_kv,
+            teacher_batch_size=teacher_batch_size or None, languages=_languages(languages),
+        )
+
+    report = _on_whisper(target, threads, fit, "draft steps")
+    typer.echo(report.summary())
+    typer.echo(f'Use it with:\n[drafter]\nuse = "shared-encoder"\nmodel = "{report.path.parent}"')
+
+
+@drafter_app.command("train-whisper")
+def train_whisper(
+    target: str = typer.Option("whisper-base", "--target",
+                               help="The Whisper target: a folder, or a name fetched by `specdec models fetch`."),
+    audio_dir: Path = typer.Option(..., "--audio-dir", help="Training audio with its utterances.json "
+                                   "(benchmarks/build_speech_eval.py --split train)."),
+    out: Path = typer.Option(..., "--out", help="Where to write the head (safetensors)."),
+    layer: int = typer.Option(-1, help="The target's decoder layer the head's layer starts from (-1: the last)."),
+    vocab: int = typer.Option(8192, help="Tokens in the head's reduced vocabulary."),
+    epochs: int = typer.Option(4, help="Passes over the training audio."),
+    batch_size: int = typer.Option(8, help="Utterances per step (and per teacher batch)."),
+    lr: float = typer.Option(1e-3, help="Peak learning rate (AdamW, cosine after a short warm-up)."),
+    unroll: int = typer.Option(2, help="Drafted positions trained per position: 2 or more also trains the head on "
+                               "its own predictions, as it drafts (EAGLE-3's training-time test)."),
+    languages: str = typer.Option("", help="Only utterances of these languages, e.g. en (default: all)."),
+    holdout: float = typer.Option(0.05, help="Share of utterances held out to measure top-1 agreement."),
+    cache: Optional[Path] = typer.Option(None, help="Keep the teacher pass (encoder outputs, pseudo-labels) in this "
+                                         "file; distill-whisper's cache serves too."),
+    teacher_batch_size: int = typer.Option(0, help="Utterances per batch of the teacher pass (0: --batch-size)."),
+    threads: int = typer.Option(0, help="torch threads (0: torch's default)."),
+    seed: int = typer.Option(0, help="Seed for the split, the batches and the initial weights."),
+):
+    """Fit a hidden-state (EAGLE-style) head to a Whisper target on its own transcripts of --audio-dir."""
+    from ..training.whisper_hidden_state import train_whisper_hidden_state_head
+
+    def fit(model, processor, on_progress):
+        return train_whisper_hidden_state_head(
+            model, processor, audio_dir, out, layer=layer, vocab=vocab, epochs=epochs, batch_size=batch_size, lr=lr,
+            unroll=unroll, holdout=holdout, seed=seed, cache=cache, teacher_batch_size=teacher_batch_size or None,
+            languages=_languages(languages), on_progress=on_progress,
+        )
+
+    report = _on_whisper(target, threads, fit, "head steps")
+    typer.echo(report.summary())
+    typer.echo(f'Use it with:\n[drafter]\nuse = "hidden-state"\nhead = "{report.path}"')
+
+
+def _languages(text: str) -> list[str] | None:
+    return [x.strip() for x in text.split(",") if x.strip()] or None
+
+
+def _on_whisper(target: str, threads: int, fit, steps: str):
+    """Load the Whisper ``target`` (a folder or a fetched name) and its processor, then run
+    ``fit(model, processor, on_progress)`` under progress bars; errors end the command with code 2."""
     import torch
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from ..config import resolve_model
     from ..core.models import load_pretrained
-    from ..training.whisper_draft import distill_whisper_draft
 
     if threads:
         torch.set_num_threads(threads)
     console = Console(stderr=True)
     try:
-        try:
-            layer_ids = [int(part) for part in layers.split(",") if part.strip()]
-        except ValueError:
-            raise InputError(f"--layers must be comma-separated integers, got {layers!r}") from None
         from transformers import AutoProcessor, WhisperForConditionalGeneration
 
         path = resolve_model(target, who="--target")
@@ -153,21 +211,14 @@ def distill_whisper(
         with Progress(*columns, console=console, transient=False) as progress:
             tasks: dict[str, int] = {}
             labels = {"teacher": "target: encoder + transcripts", "teacher logits": "target: distributions",
-                      "train": "draft steps"}
+                      "teacher states": "target: decoder states", "train": steps}
 
             def on_progress(phase: str, done: int, total: int) -> None:
                 if phase not in tasks:
                     tasks[phase] = progress.add_task(labels.get(phase, phase), total=total)
                 progress.update(tasks[phase], completed=done, total=total)
 
-            report = distill_whisper_draft(
-                model, processor, audio_dir, out, layers=layer_ids, vocab=vocab, epochs=epochs, batch_size=batch_size,
-                lr=lr, holdout=holdout, seed=seed, cache=cache, on_progress=on_progress, train_cross_kv=train_cross_kv,
-                teacher_batch_size=teacher_batch_size or None,
-                languages=[x.strip() for x in languages.split(",") if x.strip()] or None,
-            )
+            return fit(model, processor, on_progress)
     except (SpecdecError, OSError) as exc:
         typer.echo(f"Error: {exc}", err=True)
         raise typer.Exit(2) from None
-    typer.echo(report.summary())
-    typer.echo(f'Use it with:\n[drafter]\nuse = "shared-encoder"\nmodel = "{report.path.parent}"')

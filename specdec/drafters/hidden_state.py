@@ -36,6 +36,7 @@ from ..core.hookspecs import hookimpl
 from ..core.drafting import TokenByToken, alternatives_option
 from ..core.types import Draft
 from ..errors import ConfigError, IncompatibleModelsError
+from .shared_encoder import lend_cross_attention, shared_cross_attention_layers
 
 if TYPE_CHECKING:  # transformers is imported when the drafter is used, not when plugins are listed
     from transformers import PreTrainedModel
@@ -49,10 +50,11 @@ FORMAT_VERSION = "1"
 
 
 def target_parts(target: PreTrainedModel, who: str = "drafter 'hidden-state'"):
-    """``(embedding, lm_head weight [V, H], hidden size)`` of a decoder-only target, or a clear refusal."""
-    if target.config.is_encoder_decoder:
+    """``(embedding, lm_head weight [V, H], hidden size)`` of a decoder-only or Whisper target (its
+    decoder's), or a clear refusal."""
+    if target.config.is_encoder_decoder and target.config.model_type != "whisper":
         raise IncompatibleModelsError(f"{who}: the target {type(target).__name__} is encoder-decoder; the "
-                                      "hidden-state head drafts for decoder-only targets")
+                                      "hidden-state head drafts for decoder-only targets and Whisper")
     embedding, head = target.get_input_embeddings(), target.get_output_embeddings()
     weight = getattr(head, "weight", None)
     if embedding is None or weight is None or getattr(head, "bias", None) is not None:
@@ -66,8 +68,13 @@ def target_parts(target: PreTrainedModel, who: str = "drafter 'hidden-state'"):
 
 
 def head_config(target_config):
-    """The target's text config cut to one full-attention decoder layer with no vocabulary of its own."""
-    config = copy.deepcopy(target_config.get_text_config(decoder=True))
+    """The target's text config cut to one full-attention decoder layer with no vocabulary of its own
+    (Whisper's: one decoder layer, which cross-attends to the encoder output)."""
+    if target_config.is_encoder_decoder:  # Whisper's get_text_config(decoder=True) drops the head counts
+        config = copy.deepcopy(target_config)
+        config.decoder_layers = 1
+    else:
+        config = copy.deepcopy(target_config.get_text_config(decoder=True))
     config.num_hidden_layers = 1
     if getattr(config, "layer_types", None):
         config.layer_types = ["full_attention"]
@@ -108,6 +115,7 @@ class HiddenStateDrafter(Drafter):
     _hidden: torch.Tensor | None = attrs.field(default=None, init=False, repr=False)  # [R, T + 1, H]
     _started: bool = attrs.field(default=False, init=False, repr=False)
     _reduced: TokenMap | None = attrs.field(default=None, init=False, repr=False)
+    _shared_cross: list = attrs.field(factory=list, init=False, repr=False)  # (head layer, target layer)
 
     def check_target(self, target) -> None:
         from ..core.models import reread_reason, vocab_size
@@ -119,6 +127,10 @@ class HiddenStateDrafter(Drafter):
         embedding, weight, hidden = target_parts(target, who)
         if not isinstance(self.head, HiddenStateHead):
             self.head = HiddenStateHead.load(self.head, target, who)
+        target_type = target.config.get_text_config(decoder=True).model_type
+        if self.head.config.model_type != target_type:
+            raise IncompatibleModelsError(f"{who}: the head is a one-layer {self.head.config.model_type} head; "
+                                          f"this target is a {target_type}: train a head for it")
         if self.head.config.hidden_size != hidden:
             raise IncompatibleModelsError(
                 f"{who}: the head reads hidden states of size {self.head.config.hidden_size}, the target's are {hidden}"
@@ -134,12 +146,16 @@ class HiddenStateDrafter(Drafter):
         self.head.to(device=target.device, dtype=target.dtype)
         self.head.attach(weight)
         self._embedding = embedding
+        self._shared_cross = shared_cross_attention_layers(self.head, target)
 
     def begin(self, state, target) -> None:
         from ..core.cached_model import CachedModel
         from ..core.models import CausalLMRunner
 
-        self._cached = CachedModel(CausalLMRunner(self.head))
+        runner = CausalLMRunner(self.head)
+        if state.encoder_outputs is not None:  # Whisper: the head's layer reads the target's encoder output
+            runner.begin(encoder_outputs=state.encoder_outputs)
+        self._cached = CachedModel(runner)
         self._cached.begin(state)
         # Token p is read with the hidden state at p - 1: the head's sequence starts at each row's
         # second real token.
@@ -165,6 +181,12 @@ class HiddenStateDrafter(Drafter):
     def propose(self, state, max_tokens, keep_drafting) -> Draft:
         if not self._started:  # the target has not read the prompt yet: a plain target step does
             return Draft.empty(state.active, state.device)
+        lend_cross_attention(self._cached, state, self._shared_cross)
+        draft = self._draft(state, max_tokens, keep_drafting)
+        lend_cross_attention(self._cached, state, self._shared_cross)
+        return draft
+
+    def _draft(self, state, max_tokens, keep_drafting) -> Draft:
         draft, fed, embed, last = TokenByToken(state, max_tokens, keep_drafting, self.alternatives), None, self._inputs(state), self._hidden.shape[1] - 1
         while True:
             logits, predicted = self._cached.read(state, fed, embed=embed, hidden=True)  # [B, 1, V'], [B, n, H]

@@ -23,17 +23,24 @@ class HiddenStateHead(torch.nn.Module):
 
     ``forward`` looks like a causal LM's to the runners: ``inputs_embeds`` are ``[embedding of token p,
     hidden state at p - 1]`` (2H wide); ``logits`` are over the reduced vocabulary and
-    ``hidden_states[-1]`` is the predicted hidden state at p.
+    ``hidden_states[-1]`` is the predicted hidden state at p. For a Whisper target the layer is a
+    Whisper decoder layer: it adds learned positions to its input and cross-attends to the
+    ``encoder_outputs`` the forward is given (the target's).
     """
 
     def __init__(self, config, token_map: torch.Tensor):
-        from transformers import AutoModel
-
         super().__init__()
         self.config = config
         hidden = config.hidden_size
         self.fc = torch.nn.Linear(2 * hidden, hidden, bias=False)
-        self.decoder = AutoModel.from_config(config)
+        if config.is_encoder_decoder:
+            from transformers.models.whisper.modeling_whisper import WhisperDecoder
+
+            self.decoder = WhisperDecoder(config)
+        else:
+            from transformers import AutoModel
+
+            self.decoder = AutoModel.from_config(config)
         self.register_buffer("token_map", token_map.long().clone(), persistent=True)
         self.readout_layer: torch.nn.Linear | None = None  # [V', H]: the target's LM head rows, set by attach
 
@@ -56,14 +63,20 @@ class HiddenStateHead(torch.nn.Module):
     def readout(self, hidden: torch.Tensor) -> torch.Tensor:  # [..., H] -> [..., V']
         return self.readout_layer(hidden)
 
+    def get_decoder(self):
+        return self.decoder
+
     def forward(self, inputs_embeds=None, attention_mask=None, position_ids=None, past_key_values=None,
-                use_cache=None, output_hidden_states=None, logits_to_keep: int = 0, **kwargs):
+                use_cache=None, output_hidden_states=None, logits_to_keep: int = 0, encoder_outputs=None, **kwargs):
         from transformers.modeling_outputs import CausalLMOutputWithPast
 
         from ..core.models import cache_argument, returned_cache, with_cache
 
+        encoder = {}
+        if encoder_outputs is not None:  # a ModelOutput or a tuple: its first field is the encoder's last state
+            encoder["encoder_hidden_states"] = encoder_outputs if torch.is_tensor(encoder_outputs) else encoder_outputs[0]
         out = self.decoder(inputs_embeds=self.fc(inputs_embeds), attention_mask=attention_mask,
-                           position_ids=position_ids, use_cache=use_cache,
+                           position_ids=position_ids, use_cache=use_cache, **encoder,
                            **{cache_argument(self.decoder): kwargs.pop("cache", past_key_values)})
         predicted = out.last_hidden_state  # [B, n, H]
         kept = predicted[:, -logits_to_keep:] if logits_to_keep else predicted
@@ -101,7 +114,7 @@ class HiddenStateHead(torch.nn.Module):
             )
         token_map = TokenMap.checked(tensors["token_map"], weight.shape[0], who, f"{path}'s token map").ids
         config = head_config(target.config)
-        head = cls(config, token_map)
+        head = cls(config, token_map).to(dtype=target.dtype)  # loaded at the target's precision, not rounded
         missing, unexpected = head.load_state_dict(tensors, strict=False)
         if missing or unexpected:
             raise IncompatibleModelsError(

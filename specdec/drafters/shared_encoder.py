@@ -67,6 +67,17 @@ def shared_cross_attention_layers(draft, target) -> list[tuple[int, int]]:
     return pairs
 
 
+def lend_cross_attention(cached, state, pairs: list[tuple[int, int]]) -> None:
+    """Share the cross-attention keys and values of ``pairs`` (draft layer, target layer) between a
+    drafter's cache and the target's. Called before the draft reads (it takes the layers the target
+    has computed) and after (the target reads after the draft in an iteration, and takes those the
+    draft computed)."""
+    from ..core.cache import share_cross_attention
+
+    if pairs and state.target_slots is not None and cached.slots is not None:
+        share_cross_attention(cached.slots, state.target_slots, pairs)
+
+
 @attrs.define(eq=False)
 class SharedEncoderDrafter(ModelDrafter):
     """Draft with a small decoder that cross-attends to the target's encoder output (audio encoded once).
@@ -117,18 +128,10 @@ class SharedEncoderDrafter(ModelDrafter):
         self._shared_cross = shared_cross_attention_layers(self.model, target)
 
     def propose(self, state, max_tokens, keep_drafting):
-        # Before the draft reads: take the layers the target has computed; after: lend the target
-        # those the draft computed (the target reads after the draft in an iteration).
-        self._share(state)
+        lend_cross_attention(self._cached, state, self._shared_cross)
         draft = super().propose(state, max_tokens, keep_drafting)
-        self._share(state)
+        lend_cross_attention(self._cached, state, self._shared_cross)
         return draft
-
-    def _share(self, state) -> None:
-        from ..core.cache import share_cross_attention
-
-        if self._shared_cross and state.target_slots is not None and self._cached.slots is not None:
-            share_cross_attention(self._cached.slots, state.target_slots, self._shared_cross)
 
     def _start_runner(self, state):
         from ..core.models import CausalLMRunner

@@ -327,11 +327,12 @@ def unrolled_mask(length: int, step: int, dtype: torch.dtype, device=None) -> to
 
 
 def unrolled_predictions(head, embedding, tokens: torch.Tensor, features: torch.Tensor, steps: int,
-                         noise: float = 0.0) -> list[torch.Tensor]:
+                         noise: float = 0.0, encoder_states: torch.Tensor | None = None) -> list[torch.Tensor]:
     """The head's predicted hidden states for each unrolled step: ``steps`` tensors ``[B, L, H]``, with
     ``L = T - steps``. Step s at index j reads token j + 1 + s and predicts ``features[:, j + 1 + s]``.
+    ``encoder_states`` ([B, S, D]): what a Whisper head's layer cross-attends to (the target's encoder output).
     """
-    from transformers import DynamicCache
+    from transformers import DynamicCache, EncoderDecoderCache
 
     device = head.device
     tokens, features = tokens.to(device), features.to(device=device, dtype=head.dtype)
@@ -341,6 +342,10 @@ def unrolled_predictions(head, embedding, tokens: torch.Tensor, features: torch.
         before = before + noise * torch.randn_like(before)
     positions = torch.arange(length, device=device)[None, :].expand(tokens.shape[0], -1)
     cache = DynamicCache(config=head.config) if steps > 1 else None
+    encoder = {}
+    if encoder_states is not None:
+        encoder["encoder_outputs"] = (encoder_states.to(device=device, dtype=head.dtype),)
+        cache = EncoderDecoderCache(DynamicCache(), DynamicCache()) if steps > 1 else None
     predicted = []
     for step in range(steps):
         with torch.no_grad():  # the target's embedding is frozen: no gradient for its table
@@ -348,19 +353,20 @@ def unrolled_predictions(head, embedding, tokens: torch.Tensor, features: torch.
         inputs = torch.cat([embedded, before], dim=-1)
         mask = unrolled_mask(length, step, head.dtype, device) if steps > 1 else None
         out = head(inputs_embeds=inputs, position_ids=positions + step, attention_mask=mask,
-                   past_key_values=cache, use_cache=steps > 1)
+                   past_key_values=cache, use_cache=steps > 1, **encoder)
         before = out.hidden_states[-1]
         predicted.append(before)
     return predicted
 
 
 def _loss(head, embedding, tokens, features, hidden_weight: float, noise: float, unroll: int = 1,
-          real: torch.Tensor | None = None) -> torch.Tensor:
+          real: torch.Tensor | None = None, encoder_states: torch.Tensor | None = None) -> torch.Tensor:
     """``real`` [B, T] bool: the positions that are text (None: all); padding is left out."""
     features = features.to(device=head.device, dtype=torch.float32)
     length = tokens.shape[1] - unroll
     total = weights = 0.0
-    for step, predicted in enumerate(unrolled_predictions(head, embedding, tokens, features, unroll, noise)):
+    for step, predicted in enumerate(unrolled_predictions(head, embedding, tokens, features, unroll, noise,
+                                                          encoder_states)):
         truth = features[:, 1 + step : 1 + step + length]
         scored = None if real is None else real[:, 1 + step : 1 + step + length].to(head.device).float()  # [B, L]
         with torch.no_grad():

@@ -1,0 +1,147 @@
+"""The ``hidden-state`` drafter on Whisper (training/whisper_hidden_state.py, ``specdec drafter
+train-whisper``): an EAGLE-style head whose one decoder layer reads the target's last decoder
+states and cross-attends to the target's encoder output, through the very keys and values the
+target computed. Trained on a tiny Whisper, it drafts exactly (greedy, batched, long-form, with
+alternatives), shares the target's cross-attention, and a head for another target is refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from specdec import IncompatibleModelsError, SpeculativeDecoder
+from specdec.drafters import HiddenStateDrafter
+from specdec.drafters.hidden_state_head import HiddenStateHead
+from specdec.policies import ConstantLookahead
+from specdec.training.whisper_hidden_state import build_whisper_head, train_whisper_hidden_state_head
+from specdec.whisper import WhisperSpeculativeDecoder
+
+from .tiny_whisper import features, processor, tiny_whisper, tone_utterances
+
+transformers.logging.set_verbosity_error()
+
+
+@pytest.fixture(scope="module")
+def target():
+    # Two decoder layers, float64 as every exactness test; the head starts from the last.
+    return tiny_whisper(seed=0, decoder_layers=2)
+
+
+@pytest.fixture(scope="module")
+def audio_dir(tmp_path_factory):
+    return tone_utterances(tmp_path_factory.mktemp("speech"))
+
+
+@pytest.fixture(scope="module")
+def trained(target, audio_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("head") / "head.safetensors"
+    report = train_whisper_hidden_state_head(target, processor(), audio_dir, out, vocab=300, epochs=6, batch_size=3,
+                                             lr=3e-3, holdout=0.2, unroll=2, cache=out.parent / "teacher.pt")
+    return report, out
+
+
+def speculative(target, head, k=3, **options):
+    drafter = HiddenStateDrafter(head=str(head), **options)
+    return WhisperSpeculativeDecoder(SpeculativeDecoder(target=target, drafter=drafter, policy=ConstantLookahead(k=k)))
+
+
+class TestTraining:
+    def test_the_loss_goes_down_and_each_drafted_position_is_measured(self, trained):
+        report, out = trained
+        assert report.losses[-1] < 0.5 * report.losses[0]
+        assert len(report.heldout_top1_per_step) == 2 and all(0.0 <= t <= 1.0 for t in report.heldout_top1_per_step)
+        assert report.path == out and out.is_file()
+
+    def test_the_head_starts_as_the_targets_last_layer(self, target):
+        head = build_whisper_head(target, torch.arange(300))
+        ours, theirs = head.decoder.layers[0].state_dict(), target.model.decoder.layers[-1].state_dict()
+        assert ours.keys() == theirs.keys() and all(torch.equal(ours[n], theirs[n]) for n in ours)
+
+    def test_the_saved_head_shares_the_targets_cross_attention(self, target, trained):
+        """Its key and value projections stay the target's last layer's, so the loop lends it the
+        target's keys and values instead of computing its own."""
+        _, out = trained
+        drafter = HiddenStateDrafter(head=str(out))
+        SpeculativeDecoder(target=target, drafter=drafter)
+        assert drafter._shared_cross == [(0, 1)]
+        loaded = drafter.head.decoder.layers[0].encoder_attn
+        assert torch.equal(loaded.k_proj.weight, target.model.decoder.layers[1].encoder_attn.k_proj.weight)
+        assert loaded.k_proj.weight.dtype == torch.float64
+
+    def test_the_trained_layer_moved(self, target, trained):
+        report, _ = trained
+        assert not torch.equal(report.head.decoder.layers[0].fc1.weight, target.model.decoder.layers[1].fc1.weight)
+
+
+class TestExactness:
+    @pytest.mark.parametrize("k,batch", [(1, 1), (3, 1), (2, 3), (4, 2)])
+    def test_greedy_is_the_targets(self, target, trained, k, batch):
+        _, out = trained
+        x = features(batch, seed=7 + batch)
+        whisper = speculative(target, out, k=k)
+        reference = target.generate(x, language="en", max_new_tokens=25)
+        assert torch.equal(whisper.generate(x, language="en", max_new_tokens=25), reference)
+        assert whisper.stats.decode.drafted > 0
+
+    def test_with_alternatives(self, target, trained):
+        _, out = trained
+        x = features(2, seed=11)
+        whisper = speculative(target, out, k=3, alternatives=2)
+        assert torch.equal(whisper.generate(x, language="en", max_new_tokens=25),
+                           target.generate(x, language="en", max_new_tokens=25))
+
+    def test_long_form(self, target, trained):
+        """45 s and 70 s of audio: 30-second windows seeking by timestamps, rows leaving the batch."""
+        _, out = trained
+        x = features(2, seed=40, frames=7000)
+        mask = torch.ones(2, 7000, dtype=torch.long)
+        mask[0, 4500:] = 0
+        x[0, :, 4500:] = 0
+        kwargs = dict(attention_mask=mask, language="en", return_timestamps=True, return_segments=True, max_new_tokens=15)
+        reference = target.generate(x, **kwargs)
+        whisper = speculative(target, out)
+        assert torch.equal(whisper.generate(x, **kwargs)["sequences"], reference["sequences"])
+        assert whisper.stats.windows > 2
+
+
+class TestBadHeads:
+    def test_a_head_for_a_narrower_whisper(self, trained):
+        _, out = trained
+        other = tiny_whisper(seed=2, d_model=16, ffn=32)
+        with pytest.raises(IncompatibleModelsError, match=f"{out} was trained for a whisper target of hidden size 32"):
+            SpeculativeDecoder(target=other, drafter=HiddenStateDrafter(head=str(out)))
+
+    def test_a_whisper_head_for_a_decoder_only_target(self, trained):
+        from .conftest import tiny_model
+
+        _, out = trained
+        with pytest.raises(IncompatibleModelsError, match="trained for a whisper target"):
+            SpeculativeDecoder(target=tiny_model("llama"), drafter=HiddenStateDrafter(head=str(out)))
+
+    def test_a_layer_the_target_does_not_have(self, target, audio_dir, tmp_path):
+        from specdec import InputError
+
+        with pytest.raises(InputError, match="layer must index one of the target's 2 decoder layers, got 2"):
+            train_whisper_hidden_state_head(target, processor(), audio_dir, tmp_path / "h.safetensors", layer=2)
+        assert not (tmp_path / "h.safetensors").exists()
+
+
+class TestTrainWhisperCommand:
+    """``specdec drafter train-whisper`` trains with progress bars and says how to use the head."""
+
+    def test_trains_and_saves(self, target, audio_dir, tmp_path):
+        from typer.testing import CliRunner
+
+        from specdec.cli.app import app
+
+        folder = tmp_path / "target"
+        target.save_pretrained(folder)
+        processor().save_pretrained(folder)
+        out = tmp_path / "head.safetensors"
+        result = CliRunner().invoke(app, ["drafter", "train-whisper", "--target", str(folder), "--audio-dir",
+                                          str(audio_dir), "--out", str(out), "--vocab", "300", "--epochs", "1",
+                                          "--batch-size", "3", "--holdout", "0.2"])
+        assert result.exit_code == 0, result.output
+        assert isinstance(HiddenStateHead.load(out, target), HiddenStateHead)
+        assert "held-out top-1" in result.stdout and 'use = "hidden-state"' in result.stdout
