@@ -84,6 +84,25 @@ class TestExactness:
         assert torch.equal(whisper.generate(x, language="en", max_new_tokens=25), reference)
         assert whisper.stats.decode.drafted > 0
 
+    def test_on_packed_weights(self, target, trained, monkeypatch):
+        """In float32 with every step on oneDNN-packed weights (as on a CPU where they are faster),
+        the head's one-token steps included: still the target's tokens (its logits' margins are far
+        wider than float32's rounding)."""
+        import copy
+
+        from specdec.core.packed_linear import packed_layers
+
+        from .conftest import pin_packing
+
+        pin_packing(monkeypatch, start=2, smallest=0, one_row=True)
+        _, out = trained
+        target32 = copy.deepcopy(target).float()
+        x = features(2, seed=13).float()
+        whisper = speculative(target32, out, k=3)
+        assert torch.equal(whisper.generate(x, language="en", max_new_tokens=25),
+                           target32.generate(x, language="en", max_new_tokens=25))
+        assert packed_layers(whisper.decoder.drafter.head)
+
     def test_with_alternatives(self, target, trained):
         _, out = trained
         x = features(2, seed=11)

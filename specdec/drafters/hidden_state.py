@@ -73,6 +73,7 @@ def head_config(target_config):
     if target_config.is_encoder_decoder:  # Whisper's get_text_config(decoder=True) drops the head counts
         config = copy.deepcopy(target_config)
         config.decoder_layers = 1
+        config.is_encoder_decoder = False  # a decoder that reads an encoder output, as WhisperForCausalLM's config says
     else:
         config = copy.deepcopy(target_config.get_text_config(decoder=True))
     config.num_hidden_layers = 1

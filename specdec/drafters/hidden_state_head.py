@@ -33,7 +33,7 @@ class HiddenStateHead(torch.nn.Module):
         self.config = config
         hidden = config.hidden_size
         self.fc = torch.nn.Linear(2 * hidden, hidden, bias=False)
-        if config.is_encoder_decoder:
+        if config.model_type == "whisper":
             from transformers.models.whisper.modeling_whisper import WhisperDecoder
 
             self.decoder = WhisperDecoder(config)
