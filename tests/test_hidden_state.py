@@ -148,7 +148,7 @@ class TestFiles:
     def test_a_head_for_another_architecture_is_refused(self):
         from .tiny_whisper import tiny_whisper
 
-        with pytest.raises(IncompatibleModelsError, match="one-layer llama head; this target is a whisper"):
+        with pytest.raises(IncompatibleModelsError, match="the head is a llama head; this target is a whisper"):
             SpeculativeDecoder(target=tiny_whisper(), drafter=HiddenStateDrafter(trained_head("llama")))
 
 

@@ -103,6 +103,19 @@ class TestExactness:
                            target32.generate(x, language="en", max_new_tokens=25))
         assert packed_layers(whisper.decoder.drafter.head)
 
+    def test_a_two_layer_head(self, target, audio_dir, tmp_path):
+        """Layers started from the target's first and last (the Distil-Whisper choice): the file says
+        how many, each shares its source layer's keys and values, and the output is the target's."""
+        out = tmp_path / "two.safetensors"
+        train_whisper_hidden_state_head(target, processor(), audio_dir, out, layers=[0, 1], vocab=300, epochs=2,
+                                        batch_size=3, lr=3e-3, holdout=0.0, cache=tmp_path / "teacher.pt")
+        whisper = speculative(target, out, k=3)
+        assert len(whisper.decoder.drafter.head.decoder.layers) == 2
+        assert whisper.decoder.drafter._shared_cross == [(0, 0), (1, 1)]
+        x = features(3, seed=17)
+        assert torch.equal(whisper.generate(x, language="en", max_new_tokens=25),
+                           target.generate(x, language="en", max_new_tokens=25))
+
     def test_with_alternatives(self, target, trained):
         _, out = trained
         x = features(2, seed=11)
@@ -141,8 +154,8 @@ class TestBadHeads:
     def test_a_layer_the_target_does_not_have(self, target, audio_dir, tmp_path):
         from specdec import InputError
 
-        with pytest.raises(InputError, match="layer must index one of the target's 2 decoder layers, got 2"):
-            train_whisper_hidden_state_head(target, processor(), audio_dir, tmp_path / "h.safetensors", layer=2)
+        with pytest.raises(InputError, match=r"1 to 8 indices of the target's 2 decoder layers, got \[0, 2\]"):
+            train_whisper_hidden_state_head(target, processor(), audio_dir, tmp_path / "h.safetensors", layers=[0, 2])
         assert not (tmp_path / "h.safetensors").exists()
 
 

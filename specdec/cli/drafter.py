@@ -130,12 +130,8 @@ def distill_whisper(
     from ..training.whisper_draft import distill_whisper_draft
 
     def fit(model, processor, on_progress):
-        try:
-            layer_ids = [int(part) for part in layers.split(",") if part.strip()]
-        except ValueError:
-            raise InputError(f"--layers must be comma-separated integers, got {layers!r}") from None
         return distill_whisper_draft(
-            model, processor, audio_dir, out, layers=layer_ids, vocab=vocab, epochs=epochs, batch_size=batch_size,
+            model, processor, audio_dir, out, layers=_layer_ids(layers), vocab=vocab, epochs=epochs, batch_size=batch_size,
             lr=lr, holdout=holdout, seed=seed, cache=cache, on_progress=on_progress, train_cross_kv=train_cross_kv,
             teacher_batch_size=teacher_batch_size or None, languages=_languages(languages),
         )
@@ -152,7 +148,8 @@ def train_whisper(
     audio_dir: Path = typer.Option(..., "--audio-dir", help="Training audio with its utterances.json "
                                    "(benchmarks/build_speech_eval.py --split train)."),
     out: Path = typer.Option(..., "--out", help="Where to write the head (safetensors)."),
-    layer: int = typer.Option(-1, help="The target's decoder layer the head's layer starts from (-1: the last)."),
+    layers: str = typer.Option("-1", help="The target's decoder layers the head's layers start from, one each, "
+                               "e.g. -1 (the last) or 0,5."),
     vocab: int = typer.Option(8192, help="Tokens in the head's reduced vocabulary."),
     epochs: int = typer.Option(4, help="Passes over the training audio."),
     batch_size: int = typer.Option(8, help="Utterances per step (and per teacher batch)."),
@@ -172,7 +169,7 @@ def train_whisper(
 
     def fit(model, processor, on_progress):
         return train_whisper_hidden_state_head(
-            model, processor, audio_dir, out, layer=layer, vocab=vocab, epochs=epochs, batch_size=batch_size, lr=lr,
+            model, processor, audio_dir, out, layers=_layer_ids(layers), vocab=vocab, epochs=epochs, batch_size=batch_size, lr=lr,
             unroll=unroll, holdout=holdout, seed=seed, cache=cache, teacher_batch_size=teacher_batch_size or None,
             languages=_languages(languages), on_progress=on_progress,
         )
@@ -180,6 +177,13 @@ def train_whisper(
     report = _on_whisper(target, threads, fit, "head steps")
     typer.echo(report.summary())
     typer.echo(f'Use it with:\n[drafter]\nuse = "hidden-state"\nhead = "{report.path}"')
+
+
+def _layer_ids(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise InputError(f"--layers must be comma-separated integers, got {text!r}") from None
 
 
 def _languages(text: str) -> list[str] | None:

@@ -67,18 +67,18 @@ def target_parts(target: PreTrainedModel, who: str = "drafter 'hidden-state'"):
     return embedding, weight, int(weight.shape[1])
 
 
-def head_config(target_config):
-    """The target's text config cut to one full-attention decoder layer with no vocabulary of its own
-    (Whisper's: one decoder layer, which cross-attends to the encoder output)."""
+def head_config(target_config, layers: int = 1):
+    """The target's text config cut to ``layers`` full-attention decoder layers (one by default) with
+    no vocabulary of its own (Whisper's: decoder layers, which cross-attend to the encoder output)."""
     if target_config.is_encoder_decoder:  # Whisper's get_text_config(decoder=True) drops the head counts
         config = copy.deepcopy(target_config)
-        config.decoder_layers = 1
+        config.decoder_layers = layers
         config.is_encoder_decoder = False  # a decoder that reads an encoder output, as WhisperForCausalLM's config says
     else:
         config = copy.deepcopy(target_config.get_text_config(decoder=True))
-    config.num_hidden_layers = 1
+    config.num_hidden_layers = layers
     if getattr(config, "layer_types", None):
-        config.layer_types = ["full_attention"]
+        config.layer_types = ["full_attention"] * layers
     for name in ("sliding_window", "attention_chunk_size"):
         if hasattr(config, name):
             setattr(config, name, None)
@@ -130,7 +130,7 @@ class HiddenStateDrafter(Drafter):
             self.head = HiddenStateHead.load(self.head, target, who)
         target_type = target.config.get_text_config(decoder=True).model_type
         if self.head.config.model_type != target_type:
-            raise IncompatibleModelsError(f"{who}: the head is a one-layer {self.head.config.model_type} head; "
+            raise IncompatibleModelsError(f"{who}: the head is a {self.head.config.model_type} head; "
                                           f"this target is a {target_type}: train a head for it")
         if self.head.config.hidden_size != hidden:
             raise IncompatibleModelsError(

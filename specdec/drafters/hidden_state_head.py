@@ -93,6 +93,7 @@ class HiddenStateHead(torch.nn.Module):
             "config": json.dumps(self.config.to_dict()),
             "hidden_size": str(self.config.hidden_size),
             "model_type": str(self.config.model_type),
+            "layers": str(len(self.decoder.layers)),
             **(metadata or {}),
         }
         own = {name: tensor for name, tensor in self.state_dict().items() if not name.startswith("readout_layer.")}
@@ -113,12 +114,18 @@ class HiddenStateHead(torch.nn.Module):
                 f"{info.get('hidden_size')}; this target is a {target_type} of hidden size {hidden}"
             )
         token_map = TokenMap.checked(tensors["token_map"], weight.shape[0], who, f"{path}'s token map").ids
-        config = head_config(target.config)
+        try:
+            layers = int(info.get("layers", "1"))  # heads saved before the key existed have one
+        except ValueError:
+            layers = 0
+        if not 1 <= layers <= 8:
+            raise IncompatibleModelsError(f"{who}: {path} names {info.get('layers')!r} layers; a head has 1 to 8")
+        config = head_config(target.config, layers)
         head = cls(config, token_map).to(dtype=target.dtype)  # loaded at the target's precision, not rounded
         missing, unexpected = head.load_state_dict(tensors, strict=False)
         if missing or unexpected:
             raise IncompatibleModelsError(
-                f"{who}: {path} does not fit a one-layer {target_type} head (missing {missing[:3]}, unexpected "
+                f"{who}: {path} does not fit a {layers}-layer {target_type} head (missing {missing[:3]}, unexpected "
                 f"{unexpected[:3]})"
             )
         return head.to(device=target.device, dtype=target.dtype).eval()

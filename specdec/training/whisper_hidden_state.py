@@ -2,11 +2,11 @@
 
 The head reads ``[embedding of token p, the target's last decoder state at p - 1]`` and predicts the
 decoder state at p, which it reads out through the target's output rows of a reduced vocabulary.
-For Whisper its one layer is a decoder layer, so it also cross-attends to the target's encoder
-output. It starts as a copy of the target's last decoder layer (``layer``), whose cross-attention
-key and value projections stay frozen: in the loop the head then reads the very keys and values
-the target computed for that layer (drafters/shared_encoder.py, ``shared_cross_attention_layers``)
-and adds no cross-attention cache of its own.
+For Whisper its layers are decoder layers, so they also cross-attend to the target's encoder
+output. Each starts as a copy of one of the target's decoder layers (``layers``: the last by
+default), whose cross-attention key and value projections stay frozen: in the loop the head then
+reads the very keys and values the target computed for that layer (drafters/shared_encoder.py,
+``shared_cross_attention_layers``) and adds no cross-attention cache of its own.
 
 The data are the shared-encoder draft's (training/whisper_draft.py): the target's encoder output
 and greedy transcript of every training utterance, computed once and kept in ``cache``. One
@@ -62,26 +62,28 @@ def teacher_states(target, data: TeacherData, batch_size: int = 8, on_progress: 
     return out
 
 
-def build_whisper_head(target, token_map: torch.Tensor, layer: int = -1) -> HiddenStateHead:
-    """A head for the Whisper ``target`` whose layer, final norm and positions start as the target's
-    (decoder layer ``layer``, its last by default), read out through the target's rows of ``token_map``."""
+def build_whisper_head(target, token_map: torch.Tensor, layers: Sequence[int] = (-1,)) -> HiddenStateHead:
+    """A head for the Whisper ``target`` whose layers, final norm and positions start as the target's
+    (its decoder layers ``layers``, the last by default), read out through the target's rows of ``token_map``."""
     decoder = target.model.decoder
-    head = HiddenStateHead(head_config(target.config), token_map).to(device=target.device, dtype=target.dtype)
+    head = HiddenStateHead(head_config(target.config, len(layers)), token_map).to(device=target.device, dtype=target.dtype)
     with torch.no_grad():
-        head.decoder.layers[0].load_state_dict(decoder.layers[layer].state_dict())
+        for own, source in enumerate(layers):
+            head.decoder.layers[own].load_state_dict(decoder.layers[source].state_dict())
         head.decoder.layer_norm.load_state_dict(decoder.layer_norm.state_dict())
         head.decoder.embed_positions.load_state_dict(decoder.embed_positions.state_dict())
     return head
 
 
-def _restore_frozen(head: HiddenStateHead, target, layer: int) -> None:
+def _restore_frozen(head: HiddenStateHead, target, layers: Sequence[int]) -> None:
     """The frozen parameters exactly as the target's (trained in float32, they were rounded for a
     float64 target): equal projections are what lets the head share the target's keys and values."""
     decoder, own = target.model.decoder, head.decoder
     with torch.no_grad():
-        for name in ("k_proj", "v_proj"):
-            getattr(own.layers[0].encoder_attn, name).load_state_dict(
-                getattr(decoder.layers[layer].encoder_attn, name).state_dict())
+        for mine, source in enumerate(layers):
+            for name in ("k_proj", "v_proj"):
+                getattr(own.layers[mine].encoder_attn, name).load_state_dict(
+                    getattr(decoder.layers[source].encoder_attn, name).state_dict())
         own.embed_positions.load_state_dict(decoder.embed_positions.state_dict())
 
 
@@ -101,7 +103,7 @@ def train_whisper_hidden_state_head(
     audio_dir: str | Path,
     out: str | Path | None = None,
     *,
-    layer: int = -1,
+    layers: Sequence[int] = (-1,),
     vocab: int = 8192,
     epochs: int = 4,
     batch_size: int = 8,
@@ -119,13 +121,13 @@ def train_whisper_hidden_state_head(
     """Fit a ``HiddenStateHead`` to the Whisper ``target`` on the audio listed in
     ``audio_dir/utterances.json`` (see the module doc) and save it to ``out`` (a safetensors file).
 
-    ``layer``: the target's decoder layer the head's layer starts from. ``unroll``, ``noise`` and
+    ``layers``: the target's decoder layers the head's layers start from (one each; the last by default). ``unroll``, ``noise`` and
     ``hidden_weight``: as ``train_hidden_state_head``'s. ``cache`` and ``teacher_batch_size``: as
     ``distill_whisper_draft``'s (the two share the cached teacher pass).
     """
-    layers = target.config.decoder_layers
-    if not -layers <= layer < layers:
-        raise InputError(f"layer must index one of the target's {layers} decoder layers, got {layer}")
+    count = target.config.decoder_layers
+    if not 1 <= len(layers) <= 8 or any(not -count <= i < count for i in layers):
+        raise InputError(f"layers must be 1 to 8 indices of the target's {count} decoder layers, got {list(layers)}")
     if epochs < 1 or batch_size < 1 or (teacher_batch_size or 1) < 1 or not 0.0 <= holdout < 1.0 or lr <= 0:
         raise InputError("epochs, batch_size and teacher_batch_size must be >= 1, holdout in [0, 1), lr > 0")
     if not 1 <= unroll <= 8:
@@ -142,7 +144,7 @@ def train_whisper_hidden_state_head(
     test, train = order[:held], order[held:]
     token_map, coverage = choose_token_map([data.labels[i] for i in train], target.config.vocab_size, vocab,
                                            special_tokens(target), skip=data.prompt_length)
-    head = build_whisper_head(target, token_map, layer).float()
+    head = build_whisper_head(target, token_map, layers).float()
     head.attach(weight.float())
     spread = float(torch.cat([states[i] for i in train]).float().std())
     steps_per_epoch = math.ceil(len(train) / batch_size)
@@ -180,12 +182,12 @@ def train_whisper_hidden_state_head(
     top1 = per_step[0] if per_step else float("nan")
     head = head.to(dtype=target.dtype)
     head.attach(weight)
-    _restore_frozen(head, target, layer)
+    _restore_frozen(head, target, layers)
     path = None
     if out is not None:
         path = head.save(out, metadata={
             "heldout_top1": f"{top1:.4f}", "map_coverage": f"{coverage:.4f}", "unroll": str(unroll),
-            "heldout_top1_per_step": " ".join(f"{t:.4f}" for t in per_step), "init_layer": str(layer),
+            "heldout_top1_per_step": " ".join(f"{t:.4f}" for t in per_step), "init_layers": ",".join(map(str, layers)),
             "training_utterances": str(len(train)), "epochs": str(epochs),
             "target": str(getattr(target.config, "_name_or_path", "") or ""),
         })
