@@ -25,9 +25,10 @@ English, task transcribe, no timestamps, greedy):
 - ``specdec-alt1``, ``-alt2``, ``-alt3``: ``specdec`` with the draft's 1, 2 or 3 next best candidates
   for the first position verified too (``alternatives``, a token tree of one level; docs/strategies.md).
 - ``specdec-head``, ``specdec-head-alt3``: ``WhisperSpeculativeDecoder`` with the ``hidden-state``
-  drafter and the head of ``--head`` (EAGLE-style: one decoder layer reading base's own decoder
-  states and base's keys and values of its last layer's cross-attention; ``specdec drafter
-  train-whisper``), without and with 3 alternatives.
+  drafter and the head of ``--head`` (EAGLE-style: decoder layers reading base's own decoder
+  states, and base's cross-attention keys and values of the layers they started from; ``specdec
+  drafter train-whisper``), without and with 3 alternatives. With several heads (``--head A,B``),
+  ``specdec-head2``, ``specdec-head2-alt3`` and so on for the second and later.
 - ``specdec-stop21``: ``specdec`` packed by stop 21's rule (no padding to a faster wider width, the
   draft's one-token steps on torch's path; ``benchmarks/packing_rules.py``).
 - ``specdec-int8``: the same loop with base's whole decoder (its six layers and its full head)
@@ -144,7 +145,7 @@ def new_tokens(ids: torch.Tensor, eot: int) -> int:
     return int((ids != eot).sum())
 
 
-def contenders(target, draft, policy: str, int8, assistant, hf_tokens: int | None, head: Path | None = None):
+def contenders(target, draft, policy: str, int8, assistant, hf_tokens: int | None, heads: list[Path] = ()):
     """name -> (batch sizes it runs at, fn(features) -> (ids, stats or None))."""
 
     def base(x):
@@ -161,7 +162,7 @@ def contenders(target, draft, policy: str, int8, assistant, hf_tokens: int | Non
     def speculative(model, choice, packed=True, rule=None, alternatives=0):
         # One decoder for every call, as `specdec transcribe` keeps one over its files: a policy
         # that measures (cost-aware) keeps what it learnt.
-        drafter = (HiddenStateDrafter(head=str(head), alternatives=alternatives) if model == "head"
+        drafter = (HiddenStateDrafter(head=str(model), alternatives=alternatives) if isinstance(model, Path)
                    else SharedEncoderDrafter(model=model, alternatives=alternatives))
         decoder = SpeculativeDecoder(target=target, drafter=drafter, policy=make_policy(choice), packed_weights=packed)
         whisper = WhisperSpeculativeDecoder(decoder)
@@ -184,9 +185,11 @@ def contenders(target, draft, policy: str, int8, assistant, hf_tokens: int | Non
         out[named("specdec-stop21", choice)] = (None, speculative(draft, choice, rule="stop 21"))
         for count in (1, 2, 3):
             out[named(f"specdec-alt{count}", choice)] = (None, speculative(draft, choice, alternatives=count))
-    for choice in choices if head is not None else ():
-        out[named("specdec-head", choice)] = (None, speculative("head", choice))
-        out[named("specdec-head-alt3", choice)] = (None, speculative("head", choice, alternatives=3))
+    for number, head in enumerate(heads, 1):
+        label = "specdec-head" if number == 1 else f"specdec-head{number}"
+        for choice in choices:
+            out[named(label, choice)] = (None, speculative(head, choice))
+            out[named(f"{label}-alt3", choice)] = (None, speculative(head, choice, alternatives=3))
     if assistant is not None:
         out["hf-assisted"] = ({1}, assisted)
     if int8 is not None:
@@ -217,9 +220,9 @@ def measure(args) -> dict:
     clock = EncoderClock(target)
     assistant = full_head_assistant(draft, target) if "hf-assisted" in wanted else None
     int8 = int8_decoder(target) if "specdec-int8" in wanted else None
-    head = args.head if wanted & {"specdec-head", "specdec-head-alt3"} else None
+    heads = [Path(path) for path in args.head.split(",")] if args.head else []
     runs = {name: value for name, value in contenders(target, draft, args.policy, int8, assistant,
-                                                      args.hf_assistant_tokens, head).items() if name.split()[0] in wanted}
+                                                      args.hf_assistant_tokens, heads).items() if name.split()[0] in wanted}
     rows = load_utterances(args.audio_dir, args.limit)
     audio_seconds = [r["seconds"] for r in rows]
     results = {}
@@ -302,8 +305,8 @@ def main() -> int:
     parser.add_argument("--audio-dir", type=Path, required=True)
     parser.add_argument("--model", default="whisper-base", help="a name fetched into the cache, or a folder")
     parser.add_argument("--draft", type=Path, default=DEFAULT_DRAFT)
-    parser.add_argument("--head", type=Path, help="a hidden-state head for base (specdec drafter train-whisper): "
-                        "the specdec-head contenders")
+    parser.add_argument("--head", help="hidden-state heads for base (specdec drafter train-whisper), "
+                        "comma-separated: the specdec-head contenders")
     parser.add_argument("--batch-sizes", default="1,4,16")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--warmup", type=int, default=1, help="1: run each contender once, untimed, before timing")

@@ -26,6 +26,7 @@ from .tiny_whisper import (
     TRANSCRIBE,
     decoder_of,
     features,
+    long_form_batch,
     tiny_distil_decoder,
     tiny_whisper,
 )
@@ -244,11 +245,7 @@ class TestWhisperExact:
     @pytest.mark.parametrize("drafter", ["ngram", "shared_encoder-copy", "model-seq2seq"])
     def test_long_form(self, target, drafter):
         """Two audios of 45 s and 70 s: 30-second windows, seeking by timestamps, rows leaving the batch."""
-        x = features(2, seed=40, frames=7000)
-        mask = torch.ones(2, 7000, dtype=torch.long)
-        mask[0, 4500:] = 0
-        x[0, :, 4500:] = 0
-        kwargs = dict(attention_mask=mask, language="en", return_timestamps=True, return_segments=True, max_new_tokens=15)
+        x, kwargs = long_form_batch()
         reference = target.generate(x, **kwargs)
         whisper = WhisperSpeculativeDecoder(decoder_for(target, drafter))
         out = whisper.generate(x, **kwargs)

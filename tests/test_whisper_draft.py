@@ -36,7 +36,7 @@ from specdec.training.whisper_draft import (
 )
 from specdec.whisper import WhisperSpeculativeDecoder
 
-from .tiny_whisper import EOT, NO_TIMESTAMPS, SOT, features, processor, tiny_whisper, tone_utterances
+from .tiny_whisper import EOT, NO_TIMESTAMPS, SOT, features, processor, tiny_whisper, tone_utterances, train_command
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = ROOT / "models" / "whisper-base-draft"
@@ -204,17 +204,8 @@ class TestDistillCommand:
     """``specdec drafter distill-whisper`` trains from scratch with a progress bar and says how to use the draft."""
 
     def test_trains_and_saves(self, target, audio_dir, tmp_path):
-        from typer.testing import CliRunner
-
-        from specdec.cli.app import app
-
-        folder = tmp_path / "target"
-        target.save_pretrained(folder)
-        processor().save_pretrained(folder)
         out = tmp_path / "out"
-        result = CliRunner().invoke(app, ["drafter", "distill-whisper", "--target", str(folder), "--audio-dir",
-                                          str(audio_dir), "--out", str(out), "--vocab", "300", "--epochs", "1",
-                                          "--batch-size", "3", "--holdout", "0.2"])
+        result = train_command("distill-whisper", target, audio_dir, out, tmp_path)
         assert result.exit_code == 0, result.output
         assert (out / FILE_NAME).is_file()
         assert "held-out top-1" in result.stdout and 'use = "shared-encoder"' in result.stdout

@@ -17,7 +17,7 @@ from specdec.policies import ConstantLookahead
 from specdec.training.whisper_hidden_state import build_whisper_head, train_whisper_hidden_state_head
 from specdec.whisper import WhisperSpeculativeDecoder
 
-from .tiny_whisper import features, processor, tiny_whisper, tone_utterances
+from .tiny_whisper import features, long_form_batch, processor, tiny_whisper, tone_utterances, train_command
 
 transformers.logging.set_verbosity_error()
 
@@ -126,11 +126,7 @@ class TestExactness:
     def test_long_form(self, target, trained):
         """45 s and 70 s of audio: 30-second windows seeking by timestamps, rows leaving the batch."""
         _, out = trained
-        x = features(2, seed=40, frames=7000)
-        mask = torch.ones(2, 7000, dtype=torch.long)
-        mask[0, 4500:] = 0
-        x[0, :, 4500:] = 0
-        kwargs = dict(attention_mask=mask, language="en", return_timestamps=True, return_segments=True, max_new_tokens=15)
+        x, kwargs = long_form_batch()
         reference = target.generate(x, **kwargs)
         whisper = speculative(target, out)
         assert torch.equal(whisper.generate(x, **kwargs)["sequences"], reference["sequences"])
@@ -163,17 +159,8 @@ class TestTrainWhisperCommand:
     """``specdec drafter train-whisper`` trains with progress bars and says how to use the head."""
 
     def test_trains_and_saves(self, target, audio_dir, tmp_path):
-        from typer.testing import CliRunner
-
-        from specdec.cli.app import app
-
-        folder = tmp_path / "target"
-        target.save_pretrained(folder)
-        processor().save_pretrained(folder)
         out = tmp_path / "head.safetensors"
-        result = CliRunner().invoke(app, ["drafter", "train-whisper", "--target", str(folder), "--audio-dir",
-                                          str(audio_dir), "--out", str(out), "--vocab", "300", "--epochs", "1",
-                                          "--batch-size", "3", "--holdout", "0.2"])
+        result = train_command("train-whisper", target, audio_dir, out, tmp_path)
         assert result.exit_code == 0, result.output
         assert isinstance(HiddenStateHead.load(out, target), HiddenStateHead)
         assert "held-out top-1" in result.stdout and 'use = "hidden-state"' in result.stdout

@@ -173,3 +173,28 @@ def tone_utterances(root):
         rows.append({"id": f"u{i}", "file": f"u{i}.wav", "language": "en", "seconds": seconds, "text": "x"})
     (root / "utterances.json").write_text(json.dumps(rows))
     return root
+
+
+def long_form_batch():
+    """Two audios of 45 s and 70 s, as features with generate's arguments: 30-second windows seeking
+    by timestamps, and rows that leave the batch at different windows."""
+    x = features(2, seed=40, frames=7000)
+    mask = torch.ones(2, 7000, dtype=torch.long)
+    mask[0, 4500:] = 0
+    x[0, :, 4500:] = 0
+    return x, dict(attention_mask=mask, language="en", return_timestamps=True, return_segments=True, max_new_tokens=15)
+
+
+def train_command(command: str, target, audio_dir, out, tmp_path):
+    """``specdec drafter COMMAND`` through typer's runner on ``target`` (saved with its processor
+    under ``tmp_path``), with a tiny vocabulary and one epoch."""
+    from typer.testing import CliRunner
+
+    from specdec.cli.app import app
+
+    folder = tmp_path / "target"
+    target.save_pretrained(folder)
+    processor().save_pretrained(folder)
+    return CliRunner().invoke(app, ["drafter", command, "--target", str(folder), "--audio-dir", str(audio_dir),
+                                    "--out", str(out), "--vocab", "300", "--epochs", "1", "--batch-size", "3",
+                                    "--holdout", "0.2"])

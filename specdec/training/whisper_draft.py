@@ -354,28 +354,11 @@ def _fit(target, draft, data, teacher, train, test, reduced, coverage, parameter
          epochs, batch_size, lr, ce_weight, kl_weight, skip, seed, started, on_progress) -> DistillReport:
     """The training loop of ``distill_whisper_draft``, then the held-out measure and the file."""
     before = heldout_top1(draft, data, test, target.config.vocab_size) if test else float("nan")
-    optimizer = torch.optim.AdamW(parameters, lr=lr, weight_decay=0.0)
-    steps_per_epoch = math.ceil(len(train) / batch_size)
-    total = steps_per_epoch * epochs
-    warmup = max(1, total // 20)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: (s + 1) / warmup if s < warmup else 0.5 * (1 + math.cos(math.pi * (s - warmup) / max(1, total - warmup))))
-    generator = torch.Generator().manual_seed(seed)
-    losses: list[float] = []
     draft.train()
-    for epoch in range(epochs):
-        shuffled = [train[i] for i in torch.randperm(len(train), generator=generator).tolist()]
-        for start in range(0, len(shuffled), batch_size):
-            rows = shuffled[start : start + batch_size]
-            loss = _loss(draft, data, teacher, rows, reduced, skip, ce_weight, kl_weight)
-            optimizer.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(parameters, 1.0)
-            optimizer.step()
-            scheduler.step()
-            losses.append(float(loss.detach()))
-            if on_progress is not None:
-                on_progress("train", len(losses), total)
+    total = math.ceil(len(train) / batch_size) * epochs
+    losses = fit_batches(parameters, train, epochs, batch_size, torch.optim.AdamW(parameters, lr=lr, weight_decay=0.0),
+                         _cosine_to_zero, lambda rows: _loss(draft, data, teacher, rows, reduced, skip, ce_weight, kl_weight),
+                         seed, on_progress)
     draft.eval()
     for p in parameters:
         p.requires_grad_(False)
@@ -391,6 +374,39 @@ def _fit(target, draft, data, teacher, train, test, reduced, coverage, parameter
     return DistillReport(draft=draft, utterances=len(train), tokens=tokens, steps=total, losses=losses,
                          heldout_top1_before=before, heldout_top1=after, map_coverage=coverage,
                          seconds=time.perf_counter() - started, path=path)
+
+
+def _cosine_to_zero(optimizer, total: int):
+    warmup = max(1, total // 20)
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: (s + 1) / warmup if s < warmup else 0.5 * (1 + math.cos(math.pi * (s - warmup) / max(1, total - warmup))))
+
+
+def fit_batches(parameters, train: Sequence[int], epochs: int, batch_size: int, optimizer, schedule,
+                batch_loss: Callable[[list[int]], torch.Tensor | None], seed: int,
+                on_progress: Progress | None = None) -> list[float]:
+    """``epochs`` passes over the utterances ``train``, shuffled (seeded) and cut into batches:
+    ``batch_loss(rows)`` is each batch's loss (None skips it), gradients are clipped to norm 1, and
+    the learning rate follows ``schedule(optimizer, total steps)``. Returns the losses."""
+    total = math.ceil(len(train) / batch_size) * epochs
+    scheduler = schedule(optimizer, total)
+    generator = torch.Generator().manual_seed(seed)
+    losses: list[float] = []
+    for _ in range(epochs):
+        shuffled = [train[i] for i in torch.randperm(len(train), generator=generator).tolist()]
+        for start in range(0, len(shuffled), batch_size):
+            loss = batch_loss(shuffled[start : start + batch_size])
+            if loss is None:
+                continue
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(parameters, 1.0)
+            optimizer.step()
+            scheduler.step()
+            losses.append(float(loss.detach()))
+            if on_progress is not None:
+                on_progress("train", len(losses), total)
+    return losses
 
 
 def _draft_logits(draft, data: TeacherData, rows: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:

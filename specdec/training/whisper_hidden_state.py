@@ -22,7 +22,6 @@ its own predictions).
 
 from __future__ import annotations
 
-import math
 import time
 from pathlib import Path
 from typing import Sequence
@@ -39,6 +38,7 @@ from .whisper_draft import (
     _padded,
     _training,
     cached_teacher_pass,
+    fit_batches,
     choose_token_map,
     read_utterances,
     special_tokens,
@@ -121,8 +121,8 @@ def train_whisper_hidden_state_head(
     """Fit a ``HiddenStateHead`` to the Whisper ``target`` on the audio listed in
     ``audio_dir/utterances.json`` (see the module doc) and save it to ``out`` (a safetensors file).
 
-    ``layers``: the target's decoder layers the head's layers start from (one each; the last by default). ``unroll``, ``noise`` and
-    ``hidden_weight``: as ``train_hidden_state_head``'s. ``cache`` and ``teacher_batch_size``: as
+    ``layers``: the target's decoder layers the head's layers start from (one each; the last by
+    default). ``unroll``, ``noise`` and ``hidden_weight``: as ``train_hidden_state_head``'s. ``cache`` and ``teacher_batch_size``: as
     ``distill_whisper_draft``'s (the two share the cached teacher pass).
     """
     count = target.config.decoder_layers
@@ -147,34 +147,21 @@ def train_whisper_hidden_state_head(
     head = build_whisper_head(target, token_map, layers).float()
     head.attach(weight.float())
     spread = float(torch.cat([states[i] for i in train]).float().std())
-    steps_per_epoch = math.ceil(len(train) / batch_size)
-    total = steps_per_epoch * epochs
-    losses: list[float] = []
-    generator = torch.Generator().manual_seed(seed)
     # Frozen: the positions (the target's), and the cross-attention key and value projections, so
-    # that the head reads the keys and values the target computes for the layer it started from.
+    # that the head reads the keys and values the target computes for the layers it started from.
     frozen = (".embed_", "encoder_attn.k_proj", "encoder_attn.v_proj", "readout_layer")
+
+    def batch_loss(rows):
+        tokens, features, real = _rows(data, states, rows)
+        if tokens.shape[1] <= unroll:
+            return None
+        return _loss(head, embedding, tokens, features, hidden_weight, noise * spread, unroll, real,
+                     encoder_states=data.encoder_states[rows])
+
     with _training(head, frozen) as parameters:
-        optimizer = torch.optim.AdamW(parameters, lr=lr)
-        scheduler = _scheduler(optimizer, "cosine", total)
         head.train()
-        for _ in range(epochs):
-            shuffled = [train[i] for i in torch.randperm(len(train), generator=generator).tolist()]
-            for start in range(0, len(shuffled), batch_size):
-                rows = shuffled[start : start + batch_size]
-                tokens, features, real = _rows(data, states, rows)
-                if tokens.shape[1] <= unroll:
-                    continue
-                loss = _loss(head, embedding, tokens, features, hidden_weight, noise * spread, unroll, real,
-                             encoder_states=data.encoder_states[rows])
-                optimizer.zero_grad()
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(parameters, 1.0)
-                optimizer.step()
-                scheduler.step()
-                losses.append(float(loss.detach()))
-                if on_progress is not None:
-                    on_progress("train", len(losses), total)
+        losses = fit_batches(parameters, train, epochs, batch_size, torch.optim.AdamW(parameters, lr=lr),
+                             lambda optimizer, total: _scheduler(optimizer, "cosine", total), batch_loss, seed, on_progress)
         head.eval()
     if not losses:
         raise InputError(f"{audio_dir}: no transcript is longer than {unroll} tokens; nothing to train on")
