@@ -164,3 +164,17 @@ class TestTrainWhisperCommand:
         assert result.exit_code == 0, result.output
         assert isinstance(HiddenStateHead.load(out, target), HiddenStateHead)
         assert "held-out top-1" in result.stdout and 'use = "hidden-state"' in result.stdout
+
+    def test_a_half_precision_file(self, target, audio_dir, tmp_path):
+        """float16 halves the file; loaded, the head is in the target's dtype again."""
+        from safetensors import safe_open
+
+        out = tmp_path / "half.safetensors"
+        result = train_command("train-whisper", target, audio_dir, out, tmp_path, "--save-dtype", "float16")
+        assert result.exit_code == 0, result.output
+        with safe_open(str(out), framework="pt") as handle:
+            assert handle.get_tensor("fc.weight").dtype == torch.float16
+            assert handle.get_tensor("token_map").dtype == torch.long
+        assert HiddenStateHead.load(out, target).fc.weight.dtype == torch.float64
+        refused = train_command("train-whisper", target, audio_dir, out, tmp_path, "--save-dtype", "int8")
+        assert refused.exit_code == 2 and "--save-dtype must be float32, float16 or bfloat16, got 'int8'" in refused.output

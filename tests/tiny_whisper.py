@@ -185,7 +185,7 @@ def long_form_batch():
     return x, dict(attention_mask=mask, language="en", return_timestamps=True, return_segments=True, max_new_tokens=15)
 
 
-def train_command(command: str, target, audio_dir, out, tmp_path):
+def train_command(command: str, target, audio_dir, out, tmp_path, *options: str):
     """``specdec drafter COMMAND`` through typer's runner on ``target`` (saved with its processor
     under ``tmp_path``), with a tiny vocabulary and one epoch."""
     from typer.testing import CliRunner
@@ -197,4 +197,4 @@ def train_command(command: str, target, audio_dir, out, tmp_path):
     processor().save_pretrained(folder)
     return CliRunner().invoke(app, ["drafter", command, "--target", str(folder), "--audio-dir", str(audio_dir),
                                     "--out", str(out), "--vocab", "300", "--epochs", "1", "--batch-size", "3",
-                                    "--holdout", "0.2"])
+                                    "--holdout", "0.2", *options])

@@ -161,17 +161,24 @@ def train_whisper(
     cache: Optional[Path] = typer.Option(None, help="Keep the teacher pass (encoder outputs, pseudo-labels) in this "
                                          "file; distill-whisper's cache serves too."),
     teacher_batch_size: int = typer.Option(0, help="Utterances per batch of the teacher pass (0: --batch-size)."),
+    save_dtype: str = typer.Option("float32", help="The file's float dtype: float32, or float16 (half the size; "
+                                   "the head still shares the target's cross-attention where the target's "
+                                   "weights are float16 values, as a converted CTranslate2 checkpoint's are)."),
     threads: int = typer.Option(0, help="torch threads (0: torch's default)."),
     seed: int = typer.Option(0, help="Seed for the split, the batches and the initial weights."),
 ):
     """Fit a hidden-state (EAGLE-style) head to a Whisper target on its own transcripts of --audio-dir."""
+    import torch
+
     from ..training.whisper_hidden_state import train_whisper_hidden_state_head
 
     def fit(model, processor, on_progress):
+        if save_dtype not in ("float32", "float16", "bfloat16"):
+            raise InputError(f"--save-dtype must be float32, float16 or bfloat16, got {save_dtype!r}")
         return train_whisper_hidden_state_head(
             model, processor, audio_dir, out, layers=_layer_ids(layers), vocab=vocab, epochs=epochs, batch_size=batch_size, lr=lr,
             unroll=unroll, holdout=holdout, seed=seed, cache=cache, teacher_batch_size=teacher_batch_size or None,
-            languages=_languages(languages), on_progress=on_progress,
+            languages=_languages(languages), save_dtype=getattr(torch, save_dtype), on_progress=on_progress,
         )
 
     report = _on_whisper(target, threads, fit, "head steps")

@@ -85,7 +85,9 @@ class HiddenStateHead(torch.nn.Module):
 
     # --- files ---------------------------------------------------------------------------------
 
-    def save(self, path: str | Path, metadata: dict[str, str] | None = None) -> Path:
+    def save(self, path: str | Path, metadata: dict[str, str] | None = None, dtype: torch.dtype | None = None) -> Path:
+        """Write the head's own weights (not the target's readout rows) to ``path``, in ``dtype`` when
+        given (the token map stays integer); ``load`` brings them to the target's dtype."""
         from ..core.weights_file import write_weights
 
         info = {
@@ -96,7 +98,8 @@ class HiddenStateHead(torch.nn.Module):
             "layers": str(len(self.decoder.layers)),
             **(metadata or {}),
         }
-        own = {name: tensor for name, tensor in self.state_dict().items() if not name.startswith("readout_layer.")}
+        own = {name: tensor if dtype is None or not tensor.is_floating_point() else tensor.to(dtype)
+               for name, tensor in self.state_dict().items() if not name.startswith("readout_layer.")}
         return write_weights(Path(path), own, info)
 
     @classmethod

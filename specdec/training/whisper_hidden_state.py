@@ -116,6 +116,7 @@ def train_whisper_hidden_state_head(
     seed: int = 0,
     cache: str | Path | None = None,
     teacher_batch_size: int | None = None,
+    save_dtype: torch.dtype | None = None,
     on_progress: Progress | None = None,
 ) -> HeadTrainingReport:
     """Fit a ``HiddenStateHead`` to the Whisper ``target`` on the audio listed in
@@ -123,7 +124,9 @@ def train_whisper_hidden_state_head(
 
     ``layers``: the target's decoder layers the head's layers start from (one each; the last by
     default). ``unroll``, ``noise`` and ``hidden_weight``: as ``train_hidden_state_head``'s. ``cache`` and ``teacher_batch_size``: as
-    ``distill_whisper_draft``'s (the two share the cached teacher pass).
+    ``distill_whisper_draft``'s (the two share the cached teacher pass). ``save_dtype``: the file's
+    float dtype (default: the target's). float16 halves it, and keeps the head sharing the target's
+    keys and values where the target's weights are float16 values (a CTranslate2 checkpoint's are).
     """
     count = target.config.decoder_layers
     if not 1 <= len(layers) <= 8 or any(not -count <= i < count for i in layers):
@@ -172,7 +175,7 @@ def train_whisper_hidden_state_head(
     _restore_frozen(head, target, layers)
     path = None
     if out is not None:
-        path = head.save(out, metadata={
+        path = head.save(out, dtype=save_dtype, metadata={
             "heldout_top1": f"{top1:.4f}", "map_coverage": f"{coverage:.4f}", "unroll": str(unroll),
             "heldout_top1_per_step": " ".join(f"{t:.4f}" for t in per_step), "init_layers": ",".join(map(str, layers)),
             "training_utterances": str(len(train)), "epochs": str(epochs),
