@@ -178,3 +178,35 @@ class TestTrainWhisperCommand:
         assert HiddenStateHead.load(out, target).fc.weight.dtype == torch.float64
         refused = train_command("train-whisper", target, audio_dir, out, tmp_path, "--save-dtype", "int8")
         assert refused.exit_code == 2 and "--save-dtype must be float32, float16 or bfloat16, got 'int8'" in refused.output
+
+
+class TestTranscribe:
+    """``specdec transcribe`` with a config that names the head by a path relative to the TOML file."""
+
+    def test_prints_the_targets_transcripts(self, target, trained, audio_dir, tmp_path):
+        import json
+        import shutil
+
+        from typer.testing import CliRunner
+
+        from specdec.audio import read_audio
+        from specdec.cli.app import app
+
+        _, head = trained
+        target.save_pretrained(tmp_path / "target")
+        processor().save_pretrained(tmp_path / "target")
+        shutil.copy(head, tmp_path / "head.safetensors")
+        config = tmp_path / "whisper.toml"
+        config.write_text('[target]\nmodel = "target"\ndtype = "float64"\n\n[drafter]\nuse = "hidden-state"\n'
+                          'head = "head.safetensors"\n\n[policy]\nuse = "constant"\nk = 3\n\n'
+                          '[sampling]\nmax_new_tokens = 20\n')
+        files = [str(audio_dir / f"u{i}.wav") for i in (0, 3)]
+        result = CliRunner().invoke(app, ["transcribe", *files, "--config", str(config), "--language", "en", "--json"])
+        assert result.exit_code == 0, result.output
+        proc = processor()
+        inputs = proc.feature_extractor([read_audio(f).samples for f in files], sampling_rate=16_000, return_tensors="pt")
+        ids = target.generate(inputs.input_features.double(), language="en", task="transcribe", max_new_tokens=20)
+        expected = [proc.tokenizer.decode(row, skip_special_tokens=True).strip() for row in ids]
+        output = json.loads(result.stdout)
+        assert [entry["text"] for entry in output["files"]] == expected and all(expected)
+        assert output["stats"]["drafted"] > 0, output["stats"]
