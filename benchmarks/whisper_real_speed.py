@@ -24,6 +24,7 @@ English, task transcribe, no timestamps, greedy):
 - ``specdec-unpacked``: ``specdec`` with ``packed_weights=False`` (torch's own linear path).
 - ``specdec-alt1``, ``-alt2``, ``-alt3``: ``specdec`` with the draft's 1, 2 or 3 next best candidates
   for the first position verified too (``alternatives``, a token tree of one level; docs/strategies.md).
+- ``specdec-draft2``: ``specdec`` with the shared-encoder draft of ``--draft2`` instead.
 - ``specdec-head``, ``specdec-head-alt3``: ``WhisperSpeculativeDecoder`` with the ``hidden-state``
   drafter and the head of ``--head`` (EAGLE-style: decoder layers reading base's own decoder
   states, and base's cross-attention keys and values of the layers they started from; ``specdec
@@ -145,7 +146,8 @@ def new_tokens(ids: torch.Tensor, eot: int) -> int:
     return int((ids != eot).sum())
 
 
-def contenders(target, draft, policy: str, int8, assistant, hf_tokens: int | None, heads: list[Path] = ()):
+def contenders(target, draft, policy: str, int8, assistant, hf_tokens: int | None, heads: list[Path] = (),
+               other_draft=None):
     """name -> (batch sizes it runs at, fn(features) -> (ids, stats or None))."""
 
     def base(x):
@@ -185,6 +187,8 @@ def contenders(target, draft, policy: str, int8, assistant, hf_tokens: int | Non
         out[named("specdec-stop21", choice)] = (None, speculative(draft, choice, rule="stop 21"))
         for count in (1, 2, 3):
             out[named(f"specdec-alt{count}", choice)] = (None, speculative(draft, choice, alternatives=count))
+    for choice in choices if other_draft is not None else ():
+        out[named("specdec-draft2", choice)] = (None, speculative(other_draft, choice))
     for number, head in enumerate(heads, 1):
         label = "specdec-head" if number == 1 else f"specdec-head{number}"
         for choice in choices:
@@ -221,8 +225,9 @@ def measure(args) -> dict:
     assistant = full_head_assistant(draft, target) if "hf-assisted" in wanted else None
     int8 = int8_decoder(target) if "specdec-int8" in wanted else None
     heads = [Path(path) for path in args.head.split(",")] if args.head else []
+    other = load_shared_encoder_draft(args.draft2, target) if "specdec-draft2" in wanted else None
     runs = {name: value for name, value in contenders(target, draft, args.policy, int8, assistant,
-                                                      args.hf_assistant_tokens, heads).items() if name.split()[0] in wanted}
+                                                      args.hf_assistant_tokens, heads, other).items() if name.split()[0] in wanted}
     rows = load_utterances(args.audio_dir, args.limit)
     audio_seconds = [r["seconds"] for r in rows]
     results = {}
@@ -305,6 +310,7 @@ def main() -> int:
     parser.add_argument("--audio-dir", type=Path, required=True)
     parser.add_argument("--model", default="whisper-base", help="a name fetched into the cache, or a folder")
     parser.add_argument("--draft", type=Path, default=DEFAULT_DRAFT)
+    parser.add_argument("--draft2", type=Path, help="another shared-encoder draft: the specdec-draft2 contender")
     parser.add_argument("--head", help="hidden-state heads for base (specdec drafter train-whisper), "
                         "comma-separated: the specdec-head contenders")
     parser.add_argument("--batch-sizes", default="1,4,16")
