@@ -319,6 +319,19 @@ class TestAcceptance:
         assert policy._success == [2.0, 1.0]
         assert policy._failure == [0.0, 1.0]  # row 1 had its second token rejected
 
+    def test_a_first_position_alternative_taken_counts_as_one_accepted(self):
+        """Row 0's first draft was rejected and one of its alternatives taken: 0 drafts kept, 2 tokens
+        appended, the gain of one accepted draft. Row 1's was rejected with no alternative taken."""
+        policy = CostAwareLookahead(clock=lambda: 0.0)
+        state = fake_state(2)
+        policy.begin(state, None)
+        policy.lookahead(state)  # k = 4 for both rows
+        step = step_of([0, 1], [3, 3], [0, 0])
+        step.appended_host[:] = torch.tensor([2, 1])
+        policy.on_step(state, step)
+        assert policy._success == [1.0, 0.0]
+        assert policy._failure == [1.0, 1.0]  # both had a draft rejected
+
     def test_a_row_that_stopped_drafting_drifts_back_to_the_pooled_estimate(self):
         policy = CostAwareLookahead(clock=lambda: 0.0, probe_rate=0.0)
         state = fake_state(1)

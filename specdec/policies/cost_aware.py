@@ -544,11 +544,17 @@ class CostAwareLookahead(LookaheadPolicy):
         # patch drifts back to the pooled estimate instead of staying at k = 0 until a probe.
         decay, success, failure = self.alpha_decay, self._success, self._failure
         counted: list[tuple[int, float]] = []  # (accepted, rejected) of each row asked to draft
-        for row, asked, drafted, accepted in zip(step.rows_host.tolist(), requested.tolist(),
-                                                 step.drafted_host.tolist(), step.accepted_host.tolist()):
+        for row, asked, drafted, accepted, appended in zip(step.rows_host.tolist(), requested.tolist(),
+                                                           step.drafted_host.tolist(), step.accepted_host.tolist(),
+                                                           step.appended_host.tolist()):
             success[row] *= decay
             failure[row] *= decay
             if asked > 0:
+                # A first-position alternative taken (Draft.alternatives: 0 drafts kept, 2 tokens
+                # appended) gained what an accepted first draft gains. Counted as one, so the
+                # policy sees what the wider verify it pays for buys; counted as nothing, it drafted
+                # less on a CPU where that verify costs more (docs/benchmarks.md, stop 24).
+                accepted = max(accepted, appended - 1) if drafted else accepted
                 # A draft accepted whole, also one shorter than asked (prompt lookup found only so
                 # much to copy), was not wrong about any token; a row that drafted nothing, or had a
                 # token rejected, failed.
