@@ -140,6 +140,18 @@ class TestBadHeads:
         with pytest.raises(IncompatibleModelsError, match=f"{out} was trained for a whisper target of hidden size 32"):
             SpeculativeDecoder(target=other, drafter=HiddenStateDrafter(head=str(out)))
 
+    @pytest.mark.parametrize("layers", ["0", "9", "two"])
+    def test_a_file_that_names_no_sensible_layer_count(self, target, trained, tmp_path, layers):
+        from safetensors import safe_open
+        from safetensors.torch import save_file
+
+        _, out = trained
+        with safe_open(str(out), framework="pt") as handle:
+            info, tensors = dict(handle.metadata()), {name: handle.get_tensor(name) for name in handle.keys()}
+        save_file(tensors, str(tmp_path / "bad.safetensors"), metadata={**info, "layers": layers})
+        with pytest.raises(IncompatibleModelsError, match=f"names '{layers}' layers; a head has 1 to 8"):
+            HiddenStateHead.load(tmp_path / "bad.safetensors", target)
+
     def test_a_whisper_head_for_a_decoder_only_target(self, trained):
         from .conftest import tiny_model
 

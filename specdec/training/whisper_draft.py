@@ -355,7 +355,6 @@ def _fit(target, draft, data, teacher, train, test, reduced, coverage, parameter
     """The training loop of ``distill_whisper_draft``, then the held-out measure and the file."""
     before = heldout_top1(draft, data, test, target.config.vocab_size) if test else float("nan")
     draft.train()
-    total = math.ceil(len(train) / batch_size) * epochs
     losses = fit_batches(parameters, train, epochs, batch_size, torch.optim.AdamW(parameters, lr=lr, weight_decay=0.0),
                          _cosine_to_zero, lambda rows: _loss(draft, data, teacher, rows, reduced, skip, ce_weight, kl_weight),
                          seed, on_progress)
@@ -371,7 +370,7 @@ def _fit(target, draft, data, teacher, train, test, reduced, coverage, parameter
             "target": str(getattr(target.config, "_name_or_path", "") or ""),
         })
     tokens = sum(len(data.labels[i]) - skip for i in train)
-    return DistillReport(draft=draft, utterances=len(train), tokens=tokens, steps=total, losses=losses,
+    return DistillReport(draft=draft, utterances=len(train), tokens=tokens, steps=len(losses), losses=losses,
                          heldout_top1_before=before, heldout_top1=after, map_coverage=coverage,
                          seconds=time.perf_counter() - started, path=path)
 

@@ -38,8 +38,8 @@ from .whisper_draft import (
     _padded,
     _training,
     cached_teacher_pass,
-    fit_batches,
     choose_token_map,
+    fit_batches,
     read_utterances,
     special_tokens,
 )
