@@ -158,9 +158,12 @@ def contenders(run: str, target, head, heuristic_max: int, only=(), other_head=N
                                                                DraftConfidenceLookahead(threshold="auto", max_tokens=3))
     found[f"{behind} draft-confidence auto"] = spec(behind_lookup(), confidence_auto())
     # The head's next best candidates for the first position verified in the same forward (a token
-    # tree of one level; greedy only: under sampling they are not drafted).
+    # tree of one level; greedy only: under sampling they are not drafted). cost-aware reads them where
+    # their measured price pays; "(always)" reads them whenever the head drafted (stops 23-24).
     for count in (2, 3):
         found[f"{behind} cost-aware +{count} alternatives"] = spec(behind_lookup(alternatives=count), CostAwareLookahead())
+        found[f"{behind} cost-aware +{count} alternatives (always)"] = spec(behind_lookup(alternatives=count),
+                                                                           CostAwareLookahead(alternatives="always"))
         found[f"{behind} draft-confidence auto +{count} alternatives"] = spec(behind_lookup(alternatives=count),
                                                                              confidence_auto())
     # Multi-token steps on torch's own linear path instead of oneDNN-packed weights (core/packed_linear.py).

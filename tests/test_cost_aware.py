@@ -15,7 +15,7 @@ from specdec.core.types import Draft
 from specdec.drafters import ModelDrafter
 from specdec.plugins import get_registry
 from specdec.policies import CostAwareLookahead
-from specdec.policies.cost_aware import CostFit, bucket_of, expected_tokens
+from specdec.policies.cost_aware import AlternativesLedger, CostFit, bucket_of, expected_tokens
 from specdec.verifiers import GreedyVerifier
 
 from .conftest import Recorder, left_padded, perturbed_copy, tiny_llama
@@ -319,9 +319,10 @@ class TestAcceptance:
         assert policy._success == [2.0, 1.0]
         assert policy._failure == [0.0, 1.0]  # row 1 had its second token rejected
 
-    def test_a_first_position_alternative_taken_counts_as_one_accepted(self):
+    def test_a_first_position_alternative_taken_is_not_an_accepted_draft(self):
         """Row 0's first draft was rejected and one of its alternatives taken: 0 drafts kept, 2 tokens
-        appended, the gain of one accepted draft. Row 1's was rejected with no alternative taken."""
+        appended. The alternative's gain is priced apart (TestAlternatives); for the acceptance of the
+        chain it is a rejection, like row 1's."""
         policy = CostAwareLookahead(clock=lambda: 0.0)
         state = fake_state(2)
         policy.begin(state, None)
@@ -329,8 +330,8 @@ class TestAcceptance:
         step = step_of([0, 1], [3, 3], [0, 0])
         step.appended_host[:] = torch.tensor([2, 1])
         policy.on_step(state, step)
-        assert policy._success == [1.0, 0.0]
-        assert policy._failure == [1.0, 1.0]  # both had a draft rejected
+        assert policy._success == [0.0, 0.0]
+        assert policy._failure == [1.0, 1.0]
 
     def test_a_row_that_stopped_drafting_drifts_back_to_the_pooled_estimate(self):
         policy = CostAwareLookahead(clock=lambda: 0.0, probe_rate=0.0)
@@ -488,6 +489,8 @@ class TestOptions:
             ({"max_k": "8"}, "max_k"),
             ({"objective": "fastest"}, "objective"),
             ({"per_position": "yes"}, "per_position"),
+            ({"alternatives": "sometimes"}, "alternatives"),
+            ({"alternatives": True}, "alternatives"),
         ],
     )
     def test_invalid_options_name_the_field(self, options, field):
@@ -630,3 +633,100 @@ def test_a_probes_catch_up_is_the_price_of_resuming_too():
     policy.plan(state, alpha=torch.tensor([0.01]))
     assert {kk: (fit.weight[kk], fit.mean[kk]) for kk in fit.weight} == cells
     assert policy._resume[1] == pytest.approx([1.0, 4.0])
+
+
+class TestAlternatives:
+    """First-position alternatives (``Draft.alternatives``) priced: read where the tokens they add are
+    worth their measured time, not where they are not, and counted whether read or not."""
+
+    def test_the_ledger_prices_them_per_width_seen_both_ways(self):
+        ledger = AlternativesLedger()
+        ledger.add_time(2, True, 3.0, 1.0)
+        assert ledger.price() is None  # width 2 not yet timed without them
+        ledger.add_time(3, False, 1.0, 1.0)
+        assert ledger.price() is None  # nor is any width timed both ways
+        ledger.add_time(2, False, 2.0, 1.0)
+        assert ledger.price() == pytest.approx(1.0)
+        ledger.add_time(3, True, 1.5, 1.0)  # width 3: 0.5 s, weighted as much as width 2
+        assert ledger.price() == pytest.approx(0.75)
+        assert ledger.gain() == 0.0
+        ledger.add_hits(2, 1.0)
+        ledger.add_hits(0, 1.0)
+        assert ledger.gain() == pytest.approx(1.0)
+
+    def test_the_choice_weighs_their_tokens_against_their_time_at_the_batchs_rate(self):
+        policy = CostAwareLookahead(clock=lambda: 0.0, probe_rate=0.0)
+        ledger = policy._ledgers.setdefault(1, AlternativesLedger())
+        ledger.add_time(2, True, 1.2, 1.0)
+        ledger.add_time(2, False, 1.0, 1.0)  # they cost 0.2 s an iteration
+        ledger.add_hits(1, 1.0)
+        ledger.add_hits(0, 1.0)  # and add 0.5 tokens an iteration
+        decision = policy.choose(1, [0.6], [20])  # no fit yet: exploring
+        assert policy._read_alternatives(1, decision) is policy._alt_read
+        fed(policy, 1, {0: 1.0, 1: 1.1, 2: 1.2, 3: 1.3})
+        decision = policy.choose(1, [0.6], [20])
+        rate = decision.goodput[decision.best_k]  # about 1.5 tokens/s: 0.2 s of it is worth 0.3 tokens
+        assert 0.2 * rate < 0.5
+        assert policy._read_alternatives(1, decision) is True
+        ledger.add_hits(0, 0.5)  # fewer hits: 0.33 tokens an iteration
+        ledger.add_time(2, True, 1.8, 0.5)  # and dearer: 0.53 s
+        assert ledger.price() * rate > ledger.gain()
+        assert policy._read_alternatives(1, decision) is False
+
+    def test_a_probe_tries_the_other_way_and_backs_off_when_it_changes_nothing(self):
+        policy = CostAwareLookahead(clock=lambda: 0.0, probe_rate=0.5, probe_backoff=4)
+        ledger = policy._ledgers.setdefault(1, AlternativesLedger())
+        ledger.add_time(2, True, 5.0, 1.0)
+        ledger.add_time(2, False, 1.0, 1.0)  # far too dear
+        fed(policy, 1, {0: 1.0, 1: 1.1, 2: 1.2})
+        decision = policy.choose(1, [0.6], [20])
+        choices = []
+        for _ in range(24):
+            policy._alt_credit += policy.probe_rate / policy._alt_backoff  # what each step with them adds
+            choices.append(policy._read_alternatives(1, decision))
+        assert choices[:2] == [False, True]  # credit 0.5, then 1.0: the probe
+        assert sum(choices) == 4 and policy._alt_backoff == 4  # each probe changed nothing: rarer, up to 4x
+
+    @pytest.mark.parametrize("price,reads", [(5.0, False), (0.0, True)])
+    def test_in_the_loop_they_are_read_where_they_pay_and_the_output_stays_greedy(self, target, price, reads):
+        """A fake clock charges ``price`` seconds more for an iteration that read alternatives. Dear,
+        the policy stops reading them but for probes; free, it keeps reading them (the perturbed
+        draft's second or third choice is the target's token now and then)."""
+        draft = perturbed_copy(target, 0.1)
+        now = [0.0]
+        policy = CostAwareLookahead(clock=lambda: now[0], probe_rate=1 / 16)
+        recorder = Recorder()
+
+        class Charge(Recorder):
+            def on_step(self, state, step):
+                now[0] += 1.0 + 0.1 * step.draft.width + (price if step.siblings else 0.0)
+
+        decoder = SpeculativeDecoder(target=target, drafter=ModelDrafter(draft, alternatives=3), policy=policy,
+                                     verifier=GreedyVerifier(), observers=[recorder, Charge()])
+        input_ids, mask = left_padded(PROMPTS[:1])
+        expected = target.generate(input_ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False)
+        for _ in range(6):
+            out = decoder.generate(input_ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False)
+            assert torch.equal(out.sequences, expected)
+        later = recorder.steps[len(recorder.steps) // 2 :]
+        assert sum(s.draft.width > 0 for s in later) >= 0.8 * len(later)  # drafting itself still pays
+        with_them = [s for s in recorder.steps if s.draft.alternatives is not None]
+        read = [s.siblings > 0 for s in with_them[len(with_them) // 2 :]]
+        assert policy._ledgers[1].price() == pytest.approx(price, abs=1e-9)
+        if reads:
+            assert policy._ledgers[1].gain() > 0
+            assert sum(read) >= 0.8 * len(read)
+        else:
+            assert sum(read) <= 0.2 * len(read)
+
+    def test_always_reads_them_whenever_the_draft_has_them(self, target):
+        draft = perturbed_copy(target, 0.1)
+        recorder = Recorder()
+        decoder = SpeculativeDecoder(target=target, drafter=ModelDrafter(draft, alternatives=2),
+                                     policy=CostAwareLookahead(alternatives="always"), observers=[recorder])
+        input_ids, mask = left_padded(PROMPTS)
+        out = decoder.generate(input_ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False)
+        expected = target.generate(input_ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False)
+        assert torch.equal(out.sequences, expected)
+        with_them = [s for s in recorder.steps if s.draft.alternatives is not None]
+        assert with_them and all(s.siblings == 2 for s in with_them)

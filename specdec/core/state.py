@@ -99,6 +99,10 @@ class DecodeState:
     compile: frozenset = frozenset()
     # Multi-token steps of float32 CPU models on oneDNN-packed weights (core/packed_linear.py).
     packed_weights: bool = False
+    # Whether this iteration's verify reads the draft's first-position alternatives when it has them
+    # (greedy decoding). A policy that prices them sets it at each lookahead (``cost-aware``: they
+    # widen the verify, which pays on some CPUs and loses on others); otherwise they are read.
+    verify_alternatives: bool = True
 
     @property
     def batch_size(self) -> int:

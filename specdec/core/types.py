@@ -111,6 +111,9 @@ class Step:
     # appears exactly once over the iterations.
     hidden_states: torch.Tensor | None = None
     hidden_positions: torch.Tensor | None = None
+    # Columns of first-position alternatives the verify read (``Draft.alternatives``; 0: it read none,
+    # also where the draft had some and ``DecodeState.verify_alternatives`` said no).
+    siblings: int = 0
 
 
 @attrs.define

@@ -291,7 +291,7 @@ class SpeculativeDecoder:
             iteration=state.iteration, rows_host=rows_host, draft=draft, verdict=verdict,
             drafted_host=committed.drafted, accepted_host=committed.kept, appended_host=committed.appended,
             finished_host=committed.finished, appended_tokens=appended, target_probs_host=target_probs,
-            hidden_states=hidden, hidden_positions=hidden_positions,
+            hidden_states=hidden, hidden_positions=hidden_positions, siblings=siblings,
         ))
         state.iteration += 1
 
@@ -306,8 +306,10 @@ class SpeculativeDecoder:
     def _reads_alternatives(self, state) -> bool:
         """Whether this iteration verifies a draft's first-position alternatives: greedy decoding (a
         sampled token is drawn from one distribution per position), a target whose cache reads siblings
-        (``CachedModel.reads_siblings``), and dynamic shapes."""
-        return not state.do_sample and not state.static_shapes and self._target.reads_siblings
+        (``CachedModel.reads_siblings``), dynamic shapes, and the policy's leave
+        (``state.verify_alternatives``)."""
+        return (state.verify_alternatives and not state.do_sample and not state.static_shapes
+                and self._target.reads_siblings)
 
     def _keep_drafting(self, state) -> KeepDrafting:
         return KeepDrafting(self._hooks.specdec_continue_drafting, state, self._judges_positions)

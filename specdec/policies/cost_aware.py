@@ -55,6 +55,21 @@ forward passes and no host syncs of its own:
   catch-up included, so that a dear probe is a rare one); each probe that leaves the best k where it was makes the next one
   twice as rare, up to ``probe_backoff`` times, and a probe that moves it restores the rate: where
   speculation keeps not paying, probing (a drafted iteration at a loss) costs less and less.
+* **First-position alternatives** (``Draft.alternatives``, greedy decoding) widen the verify by a
+  column each, and what a column costs depends on the CPU: on an AMD EPYC SmolLM2's 3-token verify
+  and its 5-token one cost about the same, and alternatives ran 1.98x against 1.84x without; on an
+  Intel Xeon the 5-token verify costs 1.3 times the 3-token one, and they ran 1.18x against 1.42x
+  (``docs/benchmarks.md``, stops 23 to 25). So the policy prices them (``alternatives = "auto"``,
+  the default). Where a draft carries alternatives, whether they are read or not, it counts how
+  often the target's token was one of them after a rejected first draft (compared on the device,
+  read on the host one iteration later: no sync of its own): the tokens they add per such
+  iteration. It times those iterations per drafted width with the alternatives read and without
+  (alternating until both were seen): their price. It reads them while the tokens they add are
+  worth more than their price at the rate the batch commits tokens now (the goodput of the best k),
+  and tries the other choice now and then at ``probe_rate``, backing off like the k probes.
+  ``alternatives = "always"`` reads them whenever the draft has them (as every other policy does).
+  A taken alternative is not an accepted draft for the acceptance estimate: its gain is counted
+  here, and the k fit is fed the iteration's time less the price.
 * **Resuming has its own price.** A model drafter that sat out plain steps (or has not read the
   prompt yet) first reads every token committed meanwhile, so an iteration that drafts right after
   one that did not costs more than a drafted iteration in a run of them. It is not recorded as k
@@ -236,6 +251,51 @@ class CostFit:
         return (cells[0], self.mean[cells[0]]) if len(cells) == 1 else None
 
 
+ALTERNATIVES = ("auto", "always")
+
+
+def _alternatives(instance, attribute, value):
+    if value not in ALTERNATIVES:
+        raise ValueError(f"alternatives must be one of {', '.join(map(repr, ALTERNATIVES))}, got {value!r}")
+
+
+@attrs.define
+class AlternativesLedger:
+    """What reading a draft's first-position alternatives costs and buys at one batch-size bucket.
+
+    Times (seconds at load 1) are kept per drafted width, with the alternatives read and without, as
+    recency-weighted means; the price is the mean difference over the widths seen both ways. The gain
+    is the target's tokens found among them after a rejected first draft, per iteration that had them."""
+
+    weight: dict[tuple[int, bool], float] = attrs.field(factory=dict)  # (width, read) -> decayed weight
+    mean: dict[tuple[int, bool], float] = attrs.field(factory=dict)  # (width, read) -> mean seconds
+    hits: float = 0.0  # decayed tokens the alternatives were right about
+    seen: float = 0.0  # decayed iterations whose draft had alternatives
+
+    def add_time(self, width: int, read: bool, seconds: float, decay: float) -> None:
+        for key in self.weight:
+            self.weight[key] *= decay
+        w, m = self.weight.get((width, read), 0.0), self.mean.get((width, read), 0.0)
+        self.weight[(width, read)] = w + 1.0
+        self.mean[(width, read)] = m + (seconds - m) / (w + 1.0)
+
+    def add_hits(self, hits: float, decay: float) -> None:
+        self.hits = self.hits * decay + hits
+        self.seen = self.seen * decay + 1.0
+
+    def price(self) -> float | None:
+        """Seconds reading them adds to an iteration, or None before a width was timed both ways."""
+        pairs = [(min(self.weight[(width, True)], self.weight[(width, False)]),
+                  self.mean[(width, True)] - self.mean[(width, False)])
+                 for width, read in self.weight if read and (width, False) in self.weight]
+        total = sum(w for w, _ in pairs)
+        return sum(w * d for w, d in pairs) / total if total > 0 else None
+
+    def gain(self) -> float:
+        """Tokens they add per iteration that has them (0 before any was seen)."""
+        return self.hits / self.seen if self.seen > 0 else 0.0
+
+
 def bucket_of(batch: int) -> int:
     """Batch sizes 1-4 exactly, then half-octaves (5-6, 7-9, 10-13, 14-19, ...)."""
     return batch if batch <= 4 else 100 + round(2 * math.log2(batch))
@@ -251,6 +311,7 @@ class Decision:
     batch: int
     costs: dict[int, float] | None = None  # k -> predicted seconds; None while exploring
     goodput: dict[int, float] = attrs.field(factory=dict)  # k -> expected committed tokens per second
+    alternatives: bool = True  # whether the verify reads the draft's first-position alternatives
 
 
 @attrs.define(eq=False)
@@ -272,6 +333,7 @@ class CostAwareLookahead(LookaheadPolicy):
     probe_backoff: int = attrs.field(default=8, validator=integer(1))
     objective: str = attrs.field(default="makespan", validator=_objective)
     per_position: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    alternatives: str = attrs.field(default="auto", validator=_alternatives)
     clock: Callable[[], float] = attrs.field(default=time.perf_counter, validator=_callable, repr=False)
 
     decision: Decision | None = attrs.field(default=None, init=False, repr=False)
@@ -300,6 +362,14 @@ class CostAwareLookahead(LookaheadPolicy):
     # bucket -> [decayed weight, mean seconds] an iteration that drafts after a plain one takes beyond
     # the fit's k: the drafter's catch-up, the price of resuming (kept across requests, like the fits)
     _resume: dict[int, list[float]] = attrs.field(factory=dict, init=False, repr=False)
+    # bucket -> what first-position alternatives cost and buy there (kept across requests)
+    _ledgers: dict[int, AlternativesLedger] = attrs.field(factory=dict, init=False, repr=False)
+    _alt_pending: tuple | None = attrs.field(default=None, init=False, repr=False)  # (width, read) of the step in flight
+    _alt_hits: tuple | None = attrs.field(default=None, init=False, repr=False)  # (bucket, hits on the host, lagged)
+    _alt_read: bool = attrs.field(default=True, init=False, repr=False)  # the last iteration with alternatives read them
+    _alt_credit: float = attrs.field(default=0.0, init=False, repr=False)
+    _alt_backoff: int = attrs.field(default=1, init=False, repr=False)
+    _alt_probe: bool | None = attrs.field(default=None, init=False, repr=False)  # the choice a probe flipped
 
     # --- the estimates ---------------------------------------------------------------------------
 
@@ -415,6 +485,7 @@ class CostAwareLookahead(LookaheadPolicy):
         self._row_cuts = 0
         self._drafted = self._drafted_in_request = False
         self._probe_next = None
+        self._alt_pending = None
         self.requested = None
 
     def choose(self, batch: int, alpha, budget) -> Decision:
@@ -484,6 +555,10 @@ class CostAwareLookahead(LookaheadPolicy):
         batch = len(rows)
         budget = [max(left - 1, 0) for left in state.remaining_host().tolist()]  # drafts each row may still make
         self.decision = self.choose(batch, self._row_alphas(rows) if alpha is None else alpha, budget)
+        if self.alternatives == "auto":
+            read = self._read_alternatives(batch, self.decision)
+            self.decision = attrs.evolve(self.decision, alternatives=read)
+            state.verify_alternatives = read
         k = self.decision.k
         requested = [min(b, k) for b in budget]
         self.requested = torch.tensor(requested, dtype=torch.long)
@@ -497,6 +572,30 @@ class CostAwareLookahead(LookaheadPolicy):
         self._drafted = width > 0
         self._drafted_in_request = self._drafted_in_request or self._drafted
         return torch.full((batch,), k, dtype=torch.long)
+
+    def _read_alternatives(self, batch: int, decision: Decision) -> bool:
+        """Whether this iteration's verify reads the draft's first-position alternatives: while their
+        price is unknown, the other way than the last iteration that had them; then while the tokens
+        they add are worth their time at the best k's goodput, but for a probe of the other way now
+        and then (see the module docstring)."""
+        ledger = self._ledgers.get(bucket_of(batch))
+        if ledger is None:  # no draft had any here yet: read them when one does, as other policies do
+            return True
+        price = ledger.price()
+        if price is None:
+            return not self._alt_read
+        rate = decision.goodput.get(decision.best_k) if decision.goodput else None
+        if rate is None or decision.k == 0:
+            return self._alt_read
+        pays = ledger.gain() > price * rate  # their tokens per iteration against what their time is worth
+        if self._alt_probe is not None:  # the first choice after a probe: did it change the choice?
+            self._alt_backoff = min(2 * self._alt_backoff, self.probe_backoff) if pays == self._alt_probe else 1
+            self._alt_probe = None
+        if self._alt_credit >= 1.0:
+            self._alt_credit -= 1.0
+            self._alt_probe = pays
+            return not pays
+        return pays
 
     def time_at_width(self, width: int) -> None:
         """Record the iteration in flight as one that drafted ``width`` columns, not the lookahead it
@@ -519,18 +618,29 @@ class CostAwareLookahead(LookaheadPolicy):
         if self._pending is None:
             return
         previous, batch, width, started, warm, first = self._pending
-        self._pending = None
+        alternatives, self._pending, self._alt_pending = self._alt_pending, None, None
         if not (previous > 0 and iteration == previous + 1) or first:
             return
         bucket = bucket_of(batch)
         fit = self._fits.setdefault(bucket, CostFit(log_batch=math.log2(batch)))
+        seconds = now - started
+        if alternatives is not None and width > 0:
+            drafted, read = alternatives
+            ledger = self._ledgers[bucket]
+            if warm:  # a resume's time holds the catch-up too
+                ledger.add_time(drafted, read, seconds / fit.load, self.decay)
+            if read:  # the k fit and the price of resuming are the costs without them
+                price = ledger.price()
+                if price is None:
+                    return
+                seconds -= price * fit.load
         if width == 0 or warm:
-            fit.add(width, now - started, self.decay, self.load_rate)
+            fit.add(width, seconds, self.decay, self.load_rate)
             return
         costs = fit.costs([width])
         if costs is not None:
             # Not clipped at 0: a noisy negative excess cancels a noisy positive one.
-            excess = (now - started) / fit.load - costs[width]
+            excess = seconds / fit.load - costs[width]
             cell = self._resume.setdefault(bucket, [0.0, 0.0])
             cell[0] = cell[0] * self.decay + 1.0
             cell[1] += (excess - cell[1]) / cell[0]
@@ -542,19 +652,14 @@ class CostAwareLookahead(LookaheadPolicy):
         # Acceptance, counted against what each row was asked for (truncation-aware). Every row's
         # evidence ages each step, drafting or not, so a row that stopped drafting after a bad
         # patch drifts back to the pooled estimate instead of staying at k = 0 until a probe.
+        self._count_alternatives(step)
         decay, success, failure = self.alpha_decay, self._success, self._failure
         counted: list[tuple[int, float]] = []  # (accepted, rejected) of each row asked to draft
-        for row, asked, drafted, accepted, appended in zip(step.rows_host.tolist(), requested.tolist(),
-                                                           step.drafted_host.tolist(), step.accepted_host.tolist(),
-                                                           step.appended_host.tolist()):
+        for row, asked, drafted, accepted in zip(step.rows_host.tolist(), requested.tolist(),
+                                                 step.drafted_host.tolist(), step.accepted_host.tolist()):
             success[row] *= decay
             failure[row] *= decay
             if asked > 0:
-                # A first-position alternative taken (Draft.alternatives: 0 drafts kept, 2 tokens
-                # appended) gained what an accepted first draft gains. Counted as one, so the
-                # policy sees what the wider verify it pays for buys; counted as nothing, it drafted
-                # less on a CPU where that verify costs more (docs/benchmarks.md, stop 24).
-                accepted = max(accepted, appended - 1) if drafted else accepted
                 # A draft accepted whole, also one shorter than asked (prompt lookup found only so
                 # much to copy), was not wrong about any token; a row that drafted nothing, or had a
                 # token rejected, failed.
@@ -578,6 +683,29 @@ class CostAwareLookahead(LookaheadPolicy):
         reached = kept + ((accepted[:, None] == position) & (rejected[:, None] > 0)).sum(0)
         self._kept = self._kept * pool_decay + kept / asked_rows
         self._reached = self._reached * pool_decay + reached / asked_rows
+
+
+    def _count_alternatives(self, step) -> None:
+        """Where the draft had first-position alternatives: how many rows' rejected first draft had the
+        target's token among them (on the device; read on the host at the next such step, after the
+        loop's sync), and whether the verify read them, for the timing of this iteration."""
+        alternatives = step.draft.alternatives
+        if self.alternatives != "auto" or alternatives is None or step.draft.width == 0:
+            return
+        if self._alt_hits is not None:
+            bucket, hits = self._alt_hits
+            self._ledgers[bucket].add_hits(float(hits), self.decay)
+        verdict = step.verdict
+        right = (alternatives == verdict.next_token[:, None]).any(1) & (verdict.accepted == 0) & (step.draft.lengths > 0)
+        bucket = bucket_of(step.rows_host.shape[0])
+        self._ledgers.setdefault(bucket, AlternativesLedger())
+        hits = right.sum()
+        if hits.device.type != "cpu":  # a pinned buffer: the copy runs behind the queue, done by the next sync
+            hits = torch.empty((), dtype=hits.dtype, pin_memory=True).copy_(hits, non_blocking=True)
+        self._alt_hits = (bucket, hits)
+        self._alt_pending = (step.draft.width, step.siblings > 0)
+        self._alt_read = step.siblings > 0
+        self._alt_credit += self.probe_rate / self._alt_backoff
 
 
 @hookimpl
