@@ -319,10 +319,10 @@ class TestAcceptance:
         assert policy._success == [2.0, 1.0]
         assert policy._failure == [0.0, 1.0]  # row 1 had its second token rejected
 
-    def test_a_first_position_alternative_taken_is_not_an_accepted_draft(self):
+    def test_a_first_position_alternative_taken_is_not_an_accepted_draft_where_they_are_priced(self):
         """Row 0's first draft was rejected and one of its alternatives taken: 0 drafts kept, 2 tokens
-        appended. The alternative's gain is priced apart (TestAlternatives); for the acceptance of the
-        chain it is a rejection, like row 1's."""
+        appended. Priced (the default), the alternative's gain is counted apart (TestAlternatives);
+        for the acceptance of the chain it is a rejection, like row 1's."""
         policy = CostAwareLookahead(clock=lambda: 0.0)
         state = fake_state(2)
         policy.begin(state, None)
@@ -332,6 +332,13 @@ class TestAcceptance:
         policy.on_step(state, step)
         assert policy._success == [0.0, 0.0]
         assert policy._failure == [1.0, 1.0]
+        # Read at every draft, it counts as one accepted draft: the gain of the wider verify paid for.
+        always = CostAwareLookahead(clock=lambda: 0.0, alternatives="always")
+        always.begin(state, None)
+        always.lookahead(state)
+        always.on_step(state, step)
+        assert always._success == [1.0, 0.0]
+        assert always._failure == [1.0, 1.0]
 
     def test_a_row_that_stopped_drafting_drifts_back_to_the_pooled_estimate(self):
         policy = CostAwareLookahead(clock=lambda: 0.0, probe_rate=0.0)

@@ -68,8 +68,9 @@ forward passes and no host syncs of its own:
   worth more than their price at the rate the batch commits tokens now (the goodput of the best k),
   and tries the other choice now and then at ``probe_rate``, backing off like the k probes.
   ``alternatives = "always"`` reads them whenever the draft has them (as every other policy does).
-  A taken alternative is not an accepted draft for the acceptance estimate: its gain is counted
-  here, and the k fit is fed the iteration's time less the price.
+  Priced, a taken alternative is not an accepted draft for the acceptance estimate: its gain is
+  counted here, and the k fit is fed the iteration's time less the price. Always read, it counts as
+  one accepted draft (the gain of the verify every drafted iteration pays for).
 * **Resuming has its own price.** A model drafter that sat out plain steps (or has not read the
   prompt yet) first reads every token committed meanwhile, so an iteration that drafts right after
   one that did not costs more than a drafted iteration in a run of them. It is not recorded as k
@@ -655,11 +656,19 @@ class CostAwareLookahead(LookaheadPolicy):
         self._count_alternatives(step)
         decay, success, failure = self.alpha_decay, self._success, self._failure
         counted: list[tuple[int, float]] = []  # (accepted, rejected) of each row asked to draft
-        for row, asked, drafted, accepted in zip(step.rows_host.tolist(), requested.tolist(),
-                                                 step.drafted_host.tolist(), step.accepted_host.tolist()):
+        credit = self.alternatives == "always"
+        for row, asked, drafted, accepted, appended in zip(step.rows_host.tolist(), requested.tolist(),
+                                                           step.drafted_host.tolist(), step.accepted_host.tolist(),
+                                                           step.appended_host.tolist()):
             success[row] *= decay
             failure[row] *= decay
             if asked > 0:
+                # Read at every draft ("always"), a taken first-position alternative (0 drafts kept, 2
+                # tokens appended) gains what an accepted first draft gains: counted as one, the
+                # acceptance is what the verify the policy pays for buys. Priced ("auto"), their gain
+                # is counted apart (_count_alternatives) and the acceptance is the chain's own.
+                if credit and drafted:
+                    accepted = max(accepted, appended - 1)
                 # A draft accepted whole, also one shorter than asked (prompt lookup found only so
                 # much to copy), was not wrong about any token; a row that drafted nothing, or had a
                 # token rejected, failed.
