@@ -137,6 +137,68 @@ class TestBadInput:
             get_registry().create("drafter", "hidden-state", {"head": "head.safetensors", "alternatives": "two"})
 
 
+class Flipping(ConstantLookahead):
+    """A constant k that, like ``cost-aware`` pricing them, lets the verify read the alternatives in
+    some iterations and not in others (``state.verify_alternatives``), at random."""
+
+    def __init__(self, k: int, seed: int):
+        super().__init__(k=k)
+        self.coin = torch.Generator().manual_seed(seed)
+
+    def lookahead(self, state):
+        state.verify_alternatives = bool(torch.rand((), generator=self.coin) < 0.5)
+        return super().lookahead(state)
+
+
+class TestReadSometimes:
+    """Read in some iterations and not in others, the output stays generate's: the caches, the
+    hidden states handed to a drafter and the alternatives' bookkeeping follow each iteration's read."""
+
+    @pytest.mark.parametrize("family", ["full", "sliding", "mla"])
+    def test_model_drafter(self, family):
+        target, draft = tiny_family_model(family), tiny_family_model(family, draft=True)
+        ids, mask = _inputs("batch")
+        read = []
+        for seed in range(3):
+            out, recorder = _decode(target, ModelDrafter(draft, alternatives=3), ids, mask, Flipping(k=3, seed=seed))
+            assert torch.equal(out.sequences, reference_generate(target, ids, mask, max_new_tokens=NEW_TOKENS))
+            read += [step.siblings > 0 for step in recorder.steps if step.draft.alternatives is not None]
+        assert any(read) and not all(read)
+
+    def test_hidden_state_drafter(self):
+        from .test_hidden_state import target_for, trained_head
+
+        target = target_for("llama")
+        ids, mask = left_padded_prompts([9, 3, 14, 6], vocab=target.config.vocab_size)
+        expected = reference_generate(target, ids, mask, max_new_tokens=NEW_TOKENS)
+        for seed in range(3):
+            out, recorder = _decode(target, HiddenStateDrafter(trained_head("llama"), alternatives=2), ids, mask,
+                                    Flipping(k=2, seed=seed))
+            assert torch.equal(out.sequences, expected)
+        assert {step.siblings for step in recorder.steps} == {0, 2}
+
+    def test_whisper(self):
+        from specdec.drafters import SharedEncoderDrafter
+        from specdec.whisper import WhisperSpeculativeDecoder
+
+        from .conftest import perturbed_copy
+        from .tiny_whisper import decoder_of, features, tiny_whisper
+
+        target = tiny_whisper(seed=0)
+        draft = perturbed_copy(decoder_of(target), 0.3, seed=2)
+        x = features(3, seed=21)
+        reference = target.generate(x, max_new_tokens=20, language="en")
+        read = []
+        for seed in range(2):
+            recorder = Recorder()
+            decoder = SpeculativeDecoder(target=target, drafter=SharedEncoderDrafter(model=draft, alternatives=3),
+                                         policy=Flipping(k=2, seed=seed), observers=[recorder])
+            out = WhisperSpeculativeDecoder(decoder).generate(x, max_new_tokens=20, language="en")
+            assert torch.equal(out, reference), (out.tolist(), reference.tolist())
+            read += [step.siblings > 0 for step in recorder.steps if step.draft.alternatives is not None]
+        assert any(read) and not all(read)
+
+
 def test_every_family_is_sorted_into_one_list():
     assert set(READS) | set(FALLS_BACK) <= set(FAMILIES)
 
