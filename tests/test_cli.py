@@ -28,6 +28,19 @@ class TestGenerate:
         assert result.output.startswith("def fibonacci(n):")
         assert "tokens per target call" in result.output and "acceptance" in result.output
 
+    def test_the_stats_say_how_often_first_position_alternatives_were_read(self, pair, tmp_path):
+        assert "alternatives" not in runner.invoke(app, ["generate", "import os", "-c", str(pair), "-n", "8"]).output
+        config = tmp_path / "plugins.toml"
+        config.write_text(pair.read_text().replace('model = "draft"', f'model = "{pair.parent / "draft"}"\nalternatives = 3')
+                          .replace('model = "target"', f'model = "{pair.parent / "target"}"'))
+        result = runner.invoke(app, ["generate", "import os", "-c", str(config), "-n", "8"])
+        assert result.exit_code == 0, result.output
+        assert "alternatives read in" in result.output and "taken" in result.output
+        payload = json.loads(runner.invoke(app, ["generate", "import os", "-c", str(config), "-n", "8", "--json"]).output)
+        stats = payload["stats"]
+        assert 0 < stats["alternatives_read"] <= stats["iterations"]  # a constant k reads them at every draft
+        assert 0 <= stats["alternatives_taken"] <= stats["alternatives_read"]
+
     def test_json_output_matches_the_target_alone(self, pair):
         from specdec.config import SpecdecConfig
 

@@ -256,8 +256,10 @@ def generate(
             shown = "" if chat else (f"\x1b[1m{prompt}\x1b[22m" if bold else prompt)
             write_stdout(shown + text + "\n")
     names = {kind: value["name"] for kind, value in components.items()}
+    alternatives = (f"alternatives read in {stats.alternatives_read} of {stats.iterations} verifies, "
+                    f"{stats.alternatives_taken} taken · ") if stats.alternatives_read else ""
     errors.print(
         f"[dim]{stats.new_tokens} tokens in {stats.wall_time_s:.2f}s ({stats.tokens_per_second:.1f} tok/s) · "
         f"acceptance {stats.acceptance_rate:.0%} · {stats.mean_accepted_length:.2f} tokens per target call · "
-        f"drafter {names['drafter']}, policy {names['policy']}, verifier {names['verifier']}[/]"
+        f"{alternatives}drafter {names['drafter']}, policy {names['policy']}, verifier {names['verifier']}[/]"
     )

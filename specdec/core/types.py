@@ -132,6 +132,10 @@ class DecodeStats:
     row_steps: int = 0
     target_calls: int = 0
     draft_calls: int = 0
+    # First-position alternatives (``Draft.alternatives``): verifies that read them, and rows that
+    # committed one (and the target's token after it) where the first draft was rejected.
+    alternatives_read: int = 0
+    alternatives_taken: int = 0
     wall_time_s: float = 0.0
 
     def __add__(self, other: DecodeStats) -> DecodeStats:

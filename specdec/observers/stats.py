@@ -34,6 +34,9 @@ class StatsObserver(Observer):
         stats.drafted += int(step.drafted_host.sum())
         stats.accepted += int(step.accepted_host.sum())
         stats.new_tokens += int(step.appended_host.sum())
+        if step.siblings:
+            stats.alternatives_read += 1
+            stats.alternatives_taken += int(((step.accepted_host == 0) & (step.appended_host == 2)).sum())
 
     def on_finish(self, state, output) -> None:
         self.stats.target_calls = state.target_calls
