@@ -5,6 +5,8 @@ plain target steps). Every clock here is fake: no assertion depends on wall time
 from __future__ import annotations
 
 import copy
+
+import attrs
 from types import SimpleNamespace
 
 import pytest
@@ -725,6 +727,54 @@ class TestAlternatives:
             assert sum(read) >= 0.8 * len(read)
         else:
             assert sum(read) <= 0.2 * len(read)
+
+    def test_a_batch_whose_rows_finish_apart_behind_prompt_lookup(self, target):
+        """Rows leave the batch at different iterations (their caches cut, those iterations untimed):
+        the policy's bookkeeping of the alternatives follows the batch size."""
+        from specdec.drafters import FallbackDrafter, NGramDrafter
+
+        draft = perturbed_copy(target, 0.1)
+        for price in (0.0, 5.0):
+            now = [0.0]
+            policy = CostAwareLookahead(clock=lambda: now[0], probe_rate=1 / 4)
+
+            class Charge(Recorder):
+                def on_step(self, state, step):
+                    super().on_step(state, step)
+                    now[0] += 1.0 + 0.1 * step.draft.width + (price if step.siblings else 0.0)
+
+            recorder = Charge()
+            drafter = FallbackDrafter(NGramDrafter(max_ngram=2, min_ngram=1), ModelDrafter(draft, alternatives=3))
+            decoder = SpeculativeDecoder(target=target, drafter=drafter, policy=policy, verifier=GreedyVerifier(),
+                                         observers=[recorder])
+            input_ids, mask = left_padded(PROMPTS)
+            expected = target.generate(input_ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False)
+            for budget in (NEW_TOKENS, NEW_TOKENS // 2, NEW_TOKENS):
+                out = decoder.generate(input_ids, attention_mask=mask, max_new_tokens=budget, do_sample=False)
+                assert torch.equal(out.sequences, expected[:, : input_ids.shape[1] + budget])
+            steps = recorder.steps
+            assert len({s.rows_host.shape[0] for s in steps}) > 1  # the batch shrank
+            assert any(s.siblings for s in steps)
+
+    def test_an_untimed_iteration_with_them_is_forgotten(self):
+        """An iteration at batch 4 read alternatives, then rows left (a cut: that iteration is not
+        timed), and the next, at batch 1, was prompt lookup's with none: its time is k's, and what
+        the batch-4 iteration read does not follow it (a batch-4 run of SmolLM2 once failed here)."""
+        policy = CostAwareLookahead(clock=lambda: 0.0)
+        state = fake_state(4)
+        policy.begin(state, None)
+        policy.lookahead(state)
+        draft = Draft(tokens=torch.zeros(4, 4, dtype=torch.long), lengths=torch.full((4,), 4),
+                      alternatives=torch.zeros(4, 3, dtype=torch.long))
+        policy.on_step(state, attrs.evolve(step_of([0, 1, 2, 3], [4] * 4, [1] * 4), draft=draft, siblings=3))
+        state = fake_state(1)
+        state.row_cuts, state.iteration = 1, 2
+        policy.lookahead(state)
+        policy.on_step(state, step_of([0], [2], [2]))
+        state.iteration = 3
+        policy.lookahead(state)  # records iteration 2 as k's alone
+        assert sum(policy._fits[1].weight.values()) == 1.0
+        assert 1 not in policy._ledgers
 
     def test_always_reads_them_whenever_the_draft_has_them(self, target):
         draft = perturbed_copy(target, 0.1)

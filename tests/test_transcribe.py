@@ -126,6 +126,22 @@ class TestTranscribeCommand:
         assert stats["rtfx"] > 0 and stats["audio_seconds"] == pytest.approx(8.0)
         assert 0.0 <= stats["acceptance_rate"] <= 1.0 and stats["tokens_per_target_call"] >= 1.0
 
+    def test_alternatives_read_are_counted(self, app, workspace, tmp_path):
+        """With the draft's first-position alternatives read, the stats count them; the text is the target's."""
+        config = tmp_path / "whisper.toml"
+        config.write_text((workspace / "whisper.toml").read_text()
+                          .replace('model = "target"', f'model = "{workspace / "target"}"')
+                          .replace('model = "draft"', f'model = "{workspace / "draft"}"\nalternatives = 2'))
+        paths = [str(workspace / name) for name in ("tone.wav", "noise.flac")]
+        result = CliRunner().invoke(app, ["transcribe", *paths, "--json", "--config", str(config)])
+        assert result.exit_code == 0, result.output
+        document = json.loads(result.stdout)
+        assert [f["text"] for f in document["files"]] == reference_texts(workspace, ["tone.wav", "noise.flac"])
+        assert document["stats"]["alternatives_read"] > 0
+        assert 0 <= document["stats"]["alternatives_taken"] <= document["stats"]["alternatives_read"]
+        result = CliRunner().invoke(app, ["transcribe", paths[0], "--config", str(config)])
+        assert "alternatives read in" in result.stderr
+
     def test_long_audio_in_30_second_windows(self, app, workspace):
         """45 s of audio is transcribed long-form, as target.generate does, beside a short file."""
         result = run(app, workspace, "long.wav", "tone.wav", options=["--json"])

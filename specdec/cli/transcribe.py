@@ -143,7 +143,8 @@ def transcribe_command(
             raise fail(str(exc)) from None
 
     results: dict[str, dict] = {}
-    stats = {"drafted": 0, "accepted": 0, "new_tokens": 0, "row_steps": 0, "target_calls": 0, "windows": 0}
+    counted = ("drafted", "accepted", "new_tokens", "row_steps", "target_calls", "alternatives_read", "alternatives_taken")
+    stats = dict.fromkeys(counted, 0) | {"windows": 0}
     audio_seconds = sum(audio.seconds for audio in audios)
     started = time.perf_counter()
     progress = files_task = None
@@ -162,7 +163,7 @@ def transcribe_command(
                 for result in _transcribe_batch(whisper, processor, batch, long_form, options, progress):
                     results[result["file"]] = result
                 decode = whisper.stats.decode
-                for name in ("drafted", "accepted", "new_tokens", "row_steps", "target_calls"):
+                for name in counted:
                     stats[name] += getattr(decode, name)
                 stats["windows"] += whisper.stats.windows
                 if progress is not None:
@@ -198,9 +199,12 @@ def transcribe_command(
             else:
                 typer.echo(result["text"])
         if audios:
+            alternatives = (f", alternatives read in {stats['alternatives_read']} verifies, {stats['alternatives_taken']} "
+                            "taken" if stats["alternatives_read"] else "")
             typer.echo(
                 f"acceptance {stats['acceptance_rate']:.1%}, {stats['tokens_per_target_call']:.2f} tokens per "
-                f"target call, RTFx {stats['rtfx']:.1f} ({audio_seconds:.1f} s of audio in {compute_seconds:.1f} s)",
+                f"target call{alternatives}, RTFx {stats['rtfx']:.1f} ({audio_seconds:.1f} s of audio in "
+                f"{compute_seconds:.1f} s)",
                 err=True,
             )
     if failed:  # files the user named that cannot be read: a user error, exit 2 like every other one

@@ -616,10 +616,11 @@ class CostAwareLookahead(LookaheadPolicy):
         did not: what it took beyond the fit's k (the drafter's catch-up on the tokens it sat out)
         is the price of resuming, kept apart (probes' included: resuming costs that, whoever chose
         it)."""
+        alternatives, self._alt_pending = self._alt_pending, None  # an untimed iteration's too
         if self._pending is None:
             return
         previous, batch, width, started, warm, first = self._pending
-        alternatives, self._pending, self._alt_pending = self._alt_pending, None, None
+        self._pending = None
         if not (previous > 0 and iteration == previous + 1) or first:
             return
         bucket = bucket_of(batch)
@@ -627,7 +628,7 @@ class CostAwareLookahead(LookaheadPolicy):
         seconds = now - started
         if alternatives is not None and width > 0:
             drafted, read = alternatives
-            ledger = self._ledgers[bucket]
+            ledger = self._ledgers[bucket]  # on_step made it for this iteration's batch
             if warm:  # a resume's time holds the catch-up too
                 ledger.add_time(drafted, read, seconds / fit.load, self.decay)
             if read:  # the k fit and the price of resuming are the costs without them
