@@ -11,7 +11,7 @@ from specdec.core.state import DecodeState
 from specdec.drafters import ModelDrafter
 from specdec.observers import PhaseTimes
 from specdec.plugins import get_registry
-from specdec.policies import DraftConfidenceLookahead
+from specdec.policies import CostAwareLookahead, DraftConfidenceLookahead
 from specdec.verifiers import GreedyVerifier
 
 from .conftest import Recorder, drafts_and_budgets, left_padded, perturbed_copy, tiny_llama
@@ -81,12 +81,16 @@ class TestDraftMask:
 class TestOneSyncPerIteration:
     """On a GPU every phase but the commit runs without a device sync (sync debug mode 'error')."""
 
-    def test_an_iteration_syncs_only_in_the_commit(self, target, draft_model, monkeypatch):
+    @pytest.mark.parametrize("choice", ["draft-confidence", "cost-aware with alternatives"])
+    def test_an_iteration_syncs_only_in_the_commit(self, target, draft_model, monkeypatch, choice):
         device = torch.device("cuda")
         gpu_target = tiny_llama(20, vocab=VOCAB, layers=2, dtype=torch.float32, init=0.3).to(device)
         gpu_draft = perturbed_copy(tiny_llama(20, vocab=VOCAB, layers=2, dtype=torch.float32, init=0.3), 0.1).to(device)
-        decoder = SpeculativeDecoder(target=gpu_target, drafter=ModelDrafter(gpu_draft),
-                                     policy=DraftConfidenceLookahead(threshold=0.3, max_tokens=6), verifier=GreedyVerifier())
+        if choice == "draft-confidence":
+            drafter, policy = ModelDrafter(gpu_draft), DraftConfidenceLookahead(threshold=0.3, max_tokens=6)
+        else:  # the alternatives' hits are counted on the device and read a step later, with no sync
+            drafter, policy = ModelDrafter(gpu_draft, alternatives=3), CostAwareLookahead()
+        decoder = SpeculativeDecoder(target=gpu_target, drafter=drafter, policy=policy, verifier=GreedyVerifier())
         input_ids, mask = left_padded(PROMPTS)
         input_ids, mask = input_ids.to(device), mask.to(device)
         decoder.generate(input_ids, attention_mask=mask, max_new_tokens=NEW_TOKENS)  # warm-up (lazy inits)
@@ -113,6 +117,8 @@ class TestOneSyncPerIteration:
             torch.cuda.set_sync_debug_mode("default")
         assert state.draft_early_exit is False
         assert len(commits) == out.stats.iterations
+        if choice != "draft-confidence":
+            assert out.stats.alternatives_read > 0
         expected = gpu_target.generate(input_ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False)
         assert torch.equal(out.sequences, expected)
 
