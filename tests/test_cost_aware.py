@@ -650,13 +650,20 @@ class TestAlternatives:
 
     def test_the_ledger_prices_them_per_width_seen_both_ways(self):
         ledger = AlternativesLedger()
-        ledger.add_time(2, True, 3.0, 1.0)
+
+        def timed(width, read, seconds, times=3):
+            for _ in range(times):
+                ledger.add_time(width, read, seconds, 1.0)
+
+        timed(2, True, 3.0)
         assert ledger.price() is None  # width 2 not yet timed without them
-        ledger.add_time(3, False, 1.0, 1.0)
+        timed(3, False, 1.0)
         assert ledger.price() is None  # nor is any width timed both ways
-        ledger.add_time(2, False, 2.0, 1.0)
+        timed(2, False, 2.0, times=2)
+        assert ledger.price() is None  # twice is not enough: a first forward at a width can be far off
+        timed(2, False, 2.0, times=1)
         assert ledger.price() == pytest.approx(1.0)
-        ledger.add_time(3, True, 1.5, 1.0)  # width 3: 0.5 s, weighted as much as width 2
+        timed(3, True, 1.5)  # width 3: 0.5 s, weighted as much as width 2
         assert ledger.price() == pytest.approx(0.75)
         assert ledger.gain() == 0.0
         ledger.add_hits(2, 1.0)
@@ -666,8 +673,9 @@ class TestAlternatives:
     def test_the_choice_weighs_their_tokens_against_their_time_at_the_batchs_rate(self):
         policy = CostAwareLookahead(clock=lambda: 0.0, probe_rate=0.0)
         ledger = policy._ledgers.setdefault(1, AlternativesLedger())
-        ledger.add_time(2, True, 1.2, 1.0)
-        ledger.add_time(2, False, 1.0, 1.0)  # they cost 0.2 s an iteration
+        for _ in range(3):
+            ledger.add_time(2, True, 1.2, 1.0)
+            ledger.add_time(2, False, 1.0, 1.0)  # they cost 0.2 s an iteration
         ledger.add_hits(1, 1.0)
         ledger.add_hits(0, 1.0)  # and add 0.5 tokens an iteration
         decision = policy.choose(1, [0.6], [20])  # no fit yet: exploring
@@ -677,16 +685,18 @@ class TestAlternatives:
         rate = decision.goodput[decision.best_k]  # about 1.5 tokens/s: 0.2 s of it is worth 0.3 tokens
         assert 0.2 * rate < 0.5
         assert policy._read_alternatives(1, decision) is True
-        ledger.add_hits(0, 0.5)  # fewer hits: 0.33 tokens an iteration
-        ledger.add_time(2, True, 1.8, 0.5)  # and dearer: 0.53 s
+        ledger.add_hits(0, 0.5)  # fewer hits: 0.25 tokens an iteration
+        for _ in range(3):
+            ledger.add_time(2, True, 2.0, 1.0)  # and dearer: 0.6 s
         assert ledger.price() * rate > ledger.gain()
         assert policy._read_alternatives(1, decision) is False
 
     def test_a_probe_tries_the_other_way_and_backs_off_when_it_changes_nothing(self):
         policy = CostAwareLookahead(clock=lambda: 0.0, probe_rate=0.5, probe_backoff=4)
         ledger = policy._ledgers.setdefault(1, AlternativesLedger())
-        ledger.add_time(2, True, 5.0, 1.0)
-        ledger.add_time(2, False, 1.0, 1.0)  # far too dear
+        for _ in range(3):
+            ledger.add_time(2, True, 5.0, 1.0)
+            ledger.add_time(2, False, 1.0, 1.0)  # far too dear
         fed(policy, 1, {0: 1.0, 1: 1.1, 2: 1.2})
         decision = policy.choose(1, [0.6], [20])
         choices = []

@@ -64,7 +64,7 @@ forward passes and no host syncs of its own:
   often the target's token was one of them after a rejected first draft (compared on the device,
   read on the host one iteration later: no sync of its own): the tokens they add per such
   iteration. It times those iterations per drafted width with the alternatives read and without
-  (alternating until both were seen): their price. It reads them while the tokens they add are
+  (alternating until one width has three timings each way): their price. It reads them while the tokens they add are
   worth more than their price at the rate the batch commits tokens now (the goodput of the best k),
   and tries the other choice now and then at ``probe_rate``, backing off like the k probes.
   ``alternatives = "always"`` reads them whenever the draft has them (as every other policy does).
@@ -273,6 +273,8 @@ class AlternativesLedger:
     hits: float = 0.0  # decayed tokens the alternatives were right about
     seen: float = 0.0  # decayed iterations whose draft had alternatives
 
+    TIMINGS = 2.5  # decayed weight each way before a width prices them: three timings
+
     def add_time(self, width: int, read: bool, seconds: float, decay: float) -> None:
         for key in self.weight:
             self.weight[key] *= decay
@@ -285,10 +287,13 @@ class AlternativesLedger:
         self.seen = self.seen * decay + 1.0
 
     def price(self) -> float | None:
-        """Seconds reading them adds to an iteration, or None before a width was timed both ways."""
+        """Seconds reading them adds to an iteration, or None before a width was timed both ways
+        ``TIMINGS`` times (a single timing each way can be off by more than the price: the first
+        forwards at a new width also set up the CPU kernels for it)."""
         pairs = [(min(self.weight[(width, True)], self.weight[(width, False)]),
                   self.mean[(width, True)] - self.mean[(width, False)])
                  for width, read in self.weight if read and (width, False) in self.weight]
+        pairs = [(w, d) for w, d in pairs if w >= self.TIMINGS]
         total = sum(w for w, _ in pairs)
         return sum(w * d for w, d in pairs) / total if total > 0 else None
 
