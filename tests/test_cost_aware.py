@@ -716,9 +716,13 @@ class TestAlternatives:
         policy = CostAwareLookahead(clock=lambda: now[0], probe_rate=1 / 16)
         recorder = Recorder()
 
+        chosen = []  # (the policy's choice, whether the verify read them) where the draft had some
+
         class Charge(Recorder):
             def on_step(self, state, step):
                 now[0] += 1.0 + 0.1 * step.draft.width + (price if step.siblings else 0.0)
+                if step.draft.alternatives is not None:
+                    chosen.append((policy.decision.alternatives, step.siblings > 0))
 
         decoder = SpeculativeDecoder(target=target, drafter=ModelDrafter(draft, alternatives=3), policy=policy,
                                      verifier=GreedyVerifier(), observers=[recorder, Charge()])
@@ -731,6 +735,7 @@ class TestAlternatives:
         assert sum(s.draft.width > 0 for s in later) >= 0.8 * len(later)  # drafting itself still pays
         with_them = [s for s in recorder.steps if s.draft.alternatives is not None]
         read = [s.siblings > 0 for s in with_them[len(with_them) // 2 :]]
+        assert all(decided == done for decided, done in chosen)  # the verify reads them as the policy chose
         assert policy._ledgers[1].price() == pytest.approx(price, abs=1e-9)
         if reads:
             assert policy._ledgers[1].gain() > 0

@@ -191,6 +191,22 @@ class TestTrainWhisperCommand:
         refused = train_command("train-whisper", target, audio_dir, out, tmp_path, "--save-dtype", "int8")
         assert refused.exit_code == 2 and "--save-dtype must be float32, float16 or bfloat16, got 'int8'" in refused.output
 
+    def test_bad_options_are_refused_before_the_target_loads(self, tmp_path):
+        """A misspelt option is named at once, not after minutes of loading (here: no target at all)."""
+        from typer.testing import CliRunner
+
+        from specdec.cli.app import app
+
+        base = ["drafter", "train-whisper", "--target", str(tmp_path / "missing"), "--audio-dir", str(tmp_path),
+                "--out", str(tmp_path / "head.safetensors")]
+        for option, value, message in (("--save-dtype", "int8", "--save-dtype must be float32, float16 or bfloat16"),
+                                       ("--layers", "last", "--layers must be comma-separated integers")):
+            result = CliRunner().invoke(app, [*base, option, value])
+            assert result.exit_code == 2 and message in result.output and "missing" not in result.output
+        result = CliRunner().invoke(app, ["drafter", "distill-whisper", "--target", str(tmp_path / "missing"),
+                                          "--audio-dir", str(tmp_path), "--out", str(tmp_path), "--layers", "0;5"])
+        assert result.exit_code == 2 and "--layers must be comma-separated integers" in result.output
+
 
 class TestTranscribe:
     """``specdec transcribe`` with a config that names the head by a path relative to the TOML file."""

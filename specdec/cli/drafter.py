@@ -129,9 +129,11 @@ def distill_whisper(
     """Distil a reduced-head shared-encoder draft from a Whisper target on its own transcripts of --audio-dir."""
     from ..training.whisper_draft import distill_whisper_draft
 
+    layer_ids = _checked(_layer_ids, layers)
+
     def fit(model, processor, on_progress):
         return distill_whisper_draft(
-            model, processor, audio_dir, out, layers=_layer_ids(layers), vocab=vocab, epochs=epochs, batch_size=batch_size,
+            model, processor, audio_dir, out, layers=layer_ids, vocab=vocab, epochs=epochs, batch_size=batch_size,
             lr=lr, holdout=holdout, seed=seed, cache=cache, on_progress=on_progress, train_cross_kv=train_cross_kv,
             teacher_batch_size=teacher_batch_size or None, languages=_languages(languages),
         )
@@ -168,17 +170,15 @@ def train_whisper(
     seed: int = typer.Option(0, help="Seed for the split, the batches and the initial weights."),
 ):
     """Fit a hidden-state (EAGLE-style) head to a Whisper target on its own transcripts of --audio-dir."""
-    import torch
-
     from ..training.whisper_hidden_state import train_whisper_hidden_state_head
 
+    layer_ids, dtype = _checked(_layer_ids, layers), _checked(_save_dtype, save_dtype)
+
     def fit(model, processor, on_progress):
-        if save_dtype not in ("float32", "float16", "bfloat16"):
-            raise InputError(f"--save-dtype must be float32, float16 or bfloat16, got {save_dtype!r}")
         return train_whisper_hidden_state_head(
-            model, processor, audio_dir, out, layers=_layer_ids(layers), vocab=vocab, epochs=epochs, batch_size=batch_size, lr=lr,
+            model, processor, audio_dir, out, layers=layer_ids, vocab=vocab, epochs=epochs, batch_size=batch_size, lr=lr,
             unroll=unroll, holdout=holdout, seed=seed, cache=cache, teacher_batch_size=teacher_batch_size or None,
-            languages=_languages(languages), save_dtype=getattr(torch, save_dtype), on_progress=on_progress,
+            languages=_languages(languages), save_dtype=dtype, on_progress=on_progress,
         )
 
     report = _on_whisper(target, threads, fit, "head steps")
@@ -191,6 +191,23 @@ def _layer_ids(text: str) -> list[int]:
         return [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
         raise InputError(f"--layers must be comma-separated integers, got {text!r}") from None
+
+
+def _save_dtype(text: str):
+    import torch
+
+    if text not in ("float32", "float16", "bfloat16"):
+        raise InputError(f"--save-dtype must be float32, float16 or bfloat16, got {text!r}")
+    return getattr(torch, text)
+
+
+def _checked(parse, text: str):
+    """``parse(text)``, an option's value; a bad one ends the command with code 2 before any model loads."""
+    try:
+        return parse(text)
+    except InputError as exc:
+        typer.echo(f"Error: {exc}", err=True)
+        raise typer.Exit(2) from None
 
 
 def _languages(text: str) -> list[str] | None:

@@ -699,7 +699,6 @@ class CostAwareLookahead(LookaheadPolicy):
         self._kept = self._kept * pool_decay + kept / asked_rows
         self._reached = self._reached * pool_decay + reached / asked_rows
 
-
     def _count_alternatives(self, step) -> None:
         """Where the draft had first-position alternatives: how many rows' rejected first draft had the
         target's token among them (on the device; read on the host at the next such step, after the
