@@ -8,7 +8,7 @@ after a 100-token prompt, its cache copied fresh for every call (untimed), torch
 packed steps and the same without padding a call to a faster wider width interleaved
 (``core/packed_linear.py``). Medians of ``--repeats`` calls, in ms; the ratios are to torch's. Speculation pays on a CPU only where a block of k + 1 tokens costs about one token.
 The bare layers are timed hot (one weight, called again and again); the column "specdec packs it"
-is ``from_rows``, which times them cold, as a forward reads them (``time_shape``).
+is ``faster_at``, which times them cold, as a forward reads them (``time_shape``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from specdec.core.packed_linear import (MIN_WEIGHT, available, from_rows, pack, packed_layers,  # noqa: E402
+from specdec.core.packed_linear import (MIN_WEIGHT, available, faster_at, pack, packed_layers,  # noqa: E402
                                         packed_steps, packed_weight, padded_widths)
 
 from packing_rules import packing_rule  # noqa: E402
@@ -68,10 +68,11 @@ def main() -> None:
                 plain = median_ms(lambda: F.linear(x, weight), args.repeats)
                 fast = median_ms(lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""), args.repeats)
                 cells.append(f"{plain:.3f} / {fast:.3f} ({fast / plain:.2f})")
-            start = from_rows(weight) if weight.numel() >= MIN_WEIGHT else None
-            chosen = "no (small)" if weight.numel() < MIN_WEIGHT else "never" if start is None else f"from {start} rows"
-            if start is not None and (widths := padded_widths(weight)):
-                chosen += ", " + ", ".join(f"{n} padded to {wide}" for n, wide in widths.items() if n >= start)
+            packed_at = faster_at(weight) if weight.numel() >= MIN_WEIGHT else frozenset()
+            chosen = ("no (small)" if weight.numel() < MIN_WEIGHT else "never" if not packed_at
+                      else f"at {', '.join(map(str, sorted(packed_at)))} rows")
+            if packed_at and (widths := padded_widths(weight)):
+                chosen += ", " + ", ".join(f"{n} padded to {wide}" for n, wide in widths.items() if n in packed_at)
             print(f"| {out_features} x {in_features} | {chosen} | " + " | ".join(cells) + " |")
         if args.model:
             from transformers import AutoModelForCausalLM
@@ -80,10 +81,10 @@ def main() -> None:
             prompt = torch.randint(0, model.config.vocab_size, (1, 100))
             cache = model(prompt, use_cache=True).past_key_values
             print(f"\n{args.model}: forward over n tokens after a 100-token prompt, torch / packed ms (ratio)")
-            print("packed from: " + ", ".join(
-                f"{out} x {inp}: {start}" + "".join(f", {n} -> {wide}" for n, wide in widths if n >= start)
-                for (out, inp), start, widths in sorted({(tuple(m.weight.shape), start, tuple(padded_widths(m.weight).items()))
-                                                          for m, start in packed_layers(model)})))
+            print("packed at: " + "; ".join(
+                f"{out} x {inp}: {', '.join(map(str, sorted(at)))} rows" + "".join(f", {n} -> {wide}" for n, wide in widths if n in at)
+                for (out, inp), at, widths in sorted({(tuple(m.weight.shape), at, tuple(padded_widths(m.weight).items()))
+                                                       for m, at in packed_layers(model)})))
             pack(model)
             # Interleaved (torch, packed, packed unpadded, torch, ...) so that a neighbour's load
             # hits all alike; the cache is copied fresh before each call, outside the timed forward.

@@ -5,7 +5,10 @@ contenders that tell on this CPU what each later measurement gained, in the same
   padding, a drafter's one-token steps on torch's path);
 - ``"stop 21"``: where packing starts measured per shape, no padding to a faster wider width, a
   drafter's one-token steps on torch's path;
-- ``"unpadded"``: today's rule without padding to a faster wider width.
+- ``"unpadded"``: today's rule without padding to a faster wider width;
+- ``"from a width on"``: stops 22-25's rule, padding and a drafter's packed one-row steps included,
+  that packed a layer only from the fewest rows from which packed wins at every wider trial width
+  (so never, where sgemm's widest trial beats oneDNN's, as SmolLM2's MLP weights on the Xeon).
 """
 
 from __future__ import annotations
@@ -14,7 +17,17 @@ from contextlib import contextmanager
 
 from specdec.core import packed_linear
 
-RULES = ("packed from 4 rows", "stop 21", "unpadded")
+RULES = ("packed from 4 rows", "stop 21", "unpadded", "from a width on")
+
+
+def from_a_width_on(widths: frozenset[int]) -> frozenset[int]:
+    """The trial widths from the fewest at which packed wins at every wider one: stops 21-25's rule."""
+    start = None
+    for rows in sorted((rows for rows in packed_linear.TRIAL_ROWS if rows >= 2), reverse=True):
+        if rows not in widths:
+            break
+        start = rows
+    return frozenset() if start is None else frozenset(rows for rows in packed_linear.TRIAL_ROWS if rows >= start)
 
 
 @contextmanager
@@ -25,17 +38,22 @@ def packing_rule(rule: str | None):
         return
     if rule not in RULES:
         raise ValueError(f"unknown packing rule {rule!r}; known: {', '.join(RULES)}")
-    saved = (packed_linear.from_rows, packed_linear.padded_widths, packed_linear.one_row_faster,
+    saved = (packed_linear.faster_at, packed_linear.padded_widths, packed_linear.one_row_faster,
              dict(packed_linear._LINEARS))
-    packed_linear.padded_widths = lambda weight: {}
-    if rule != "unpadded":
+    measured = packed_linear.faster_at
+    if rule != "from a width on":
+        packed_linear.padded_widths = lambda weight: {}
+    if rule not in ("unpadded", "from a width on"):
         packed_linear.one_row_faster = lambda times: False
+    if rule in ("stop 21", "from a width on"):
+        packed_linear.faster_at = lambda weight: from_a_width_on(measured(weight))
     if rule == "packed from 4 rows":
-        packed_linear.from_rows = lambda weight: 4 if weight.numel() >= 3 << 18 else None
+        packed_linear.faster_at = lambda weight: (frozenset(rows for rows in packed_linear.TRIAL_ROWS if rows >= 4)
+                                                  if weight.numel() >= 3 << 18 else frozenset())
     packed_linear._LINEARS.clear()
     try:
         yield
     finally:
-        packed_linear.from_rows, packed_linear.padded_widths, packed_linear.one_row_faster = saved[:3]
+        packed_linear.faster_at, packed_linear.padded_widths, packed_linear.one_row_faster = saved[:3]
         packed_linear._LINEARS.clear()
         packed_linear._LINEARS.update(saved[3])

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import time
 from pathlib import Path
@@ -25,7 +24,7 @@ import torch
 
 from specdec import SpeculativeDecoder
 from specdec.config import SpecdecConfig
-from specdec.core.packed_linear import applies_to, packed_everywhere, packed_from
+from specdec.core.packed_linear import applies_to, packed_everywhere, packs_at
 from specdec.drafters import ModelDrafter, NGramDrafter
 from specdec.policies import ConstantLookahead, CostAwareLookahead
 from specdec.verifiers import GreedyVerifier, RejectionVerifier
@@ -97,7 +96,7 @@ def main():
                     return run
 
                 methods = {"target alone": run_target}
-                if batch_size >= (packed_from(target) or math.inf) and applies_to(target):
+                if batch_size > 1 and applies_to(target) and packs_at(target, batch_size):
                     # specdec's batched plain steps read packed weights (core/packed_linear.py): generate
                     # on the same packed layers tells the kernel's share of a speedup from the speculation's.
                     def run_target_packed():

@@ -175,6 +175,8 @@ def contenders(run: str, target, head, heuristic_max: int, only=(), other_head=N
     for rule in RULES:
         found[f"{behind} cost-aware ({rule})"] = spec(behind_lookup(), CostAwareLookahead(), rule=rule)
         found[f"{behind} draft-confidence auto ({rule})"] = spec(behind_lookup(), confidence_auto(), rule=rule)
+        found[f"{behind} cost-aware +3 alternatives ({rule})"] = spec(behind_lookup(alternatives=3), CostAwareLookahead(),
+                                                                     rule=rule)
     found[f"{behind} cost-aware (sorted top-p)"] = spec(behind_lookup(), CostAwareLookahead(), sorted_top_p=True)
     found["specdec k=0 (sorted top-p)"] = spec(NGramDrafter(max_ngram=3), ConstantLookahead(k=0), sorted_top_p=True)
     # The head drafting up to 3 tokens behind prompt lookup, now that a 4-token verify costs less.

@@ -31,7 +31,6 @@ one-token step can round a near-tie differently, so a few rows may part (README,
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from contextlib import nullcontext
@@ -43,7 +42,7 @@ from transformers import DynamicCache
 
 from .config import SpecdecConfig
 from .core.models import cache_argument
-from .core.packed_linear import applies_to, packed_everywhere, packed_from, packed_steps
+from .core.packed_linear import applies_to, packed_everywhere, packed_steps, packs_at
 from .core.types import token_id_list
 from .decoding import SpeculativeDecoder
 
@@ -246,7 +245,7 @@ def run_bench(
         contenders = [base]
         packed_base = None
         if (batch_size > 1 and any(d.packed_weights for d in decoders.values()) and applies_to(target)
-                and batch_size >= (packed_from(target) or math.inf)):
+                and packs_at(target, batch_size)):
             # specdec's steps of as many rows as this machine packs read packed weights, and a batch's
             # plain steps are such steps: generate on the same packed layers is the baseline that tells
             # the kernel from the speculation.

@@ -39,10 +39,10 @@ class PackCounter:
         self.calls = []
         original = packed_linear._packed_forward
 
-        def counting(module, start, widths, x):
-            if x.numel() >= start * x.shape[-1]:
+        def counting(module, packed_at, widths, x):
+            if packed_linear.trial_width(x.numel() // x.shape[-1]) in packed_at:
                 self.calls.append((module.weight, x.numel() // x.shape[-1]))
-            return original(module, start, widths, x)
+            return original(module, packed_at, widths, x)
 
         monkeypatch.setattr(packed_linear, "_packed_forward", counting)
 
@@ -81,39 +81,81 @@ def test_what_stays_on_torchs_path(monkeypatch):
     assert packed_linear.applies_to(layer)
 
 
-def test_where_packing_starts_is_the_fewest_rows_from_which_it_wins_at_every_width():
+def test_packing_is_chosen_per_width_where_it_wins():
     def table(*pairs):  # (torch's ms, packed ms) at each trial width
         return dict(zip(packed_linear.TRIAL_ROWS[1:], pairs))
 
-    assert packed_linear.TRIAL_ROWS == (1, 2, 3, 4, 8, 16)
-    epyc_head = table((24.2, 9.7), (37.0, 7.2), (19.6, 6.2), (20.8, 8.6), (27.3, 11.3))
-    xeon_head = table((7.0, 7.6), (8.9, 8.6), (13.9, 8.0), (22.9, 9.7), (17.2, 12.2))
-    assert packed_linear.first_faster(epyc_head) == 2
-    assert packed_linear.first_faster(xeon_head) == 4
-    assert packed_linear.first_faster(table((1.0, 0.5), (1.0, 0.95), (1.5, 0.9), (2.0, 1.2), (3.0, 2.0))) == 4  # a loss at 3
-    assert packed_linear.first_faster(table((1.0, 0.91), (1.0, 0.9), (1.0, 0.9), (1.0, 0.9), (1.0, 0.9))) == 3  # MARGIN
-    assert packed_linear.first_faster(table((1.0, 0.5), (1.0, 0.5), (1.0, 0.5), (1.0, 0.5), (1.0, 1.3))) is None  # widest
-    assert packed_linear.first_faster(table((1.3, 1.7), (1.7, 2.4), (2.5, 3.5), (4.4, 5.6), (9.3, 7.5))) == 16  # Xeon 576 x 576
-    # A 2-row call that loses packed but wins padded to 4 rows starts packing at 2 rows, padded.
-    assert packed_linear.first_faster(table((1.0, 1.0), (1.2, 1.1), (1.5, 0.5), (2.0, 0.9), (3.0, 1.5))) == 2
+    def widths(*rows):
+        return frozenset(rows)
+
+    assert packed_linear.TRIAL_ROWS == (1, 2, 3, 4, 8, 12, 16)
+    epyc_head = table((24.2, 9.7), (37.0, 7.2), (19.6, 6.2), (20.8, 8.6), (25.0, 10.0), (27.3, 11.3))
+    xeon_head = table((7.0, 7.6), (8.9, 8.6), (13.9, 8.0), (22.9, 9.7), (20.0, 11.0), (17.2, 12.2))
+    assert packed_linear.widths_faster(epyc_head) == widths(2, 3, 4, 8, 12, 16)
+    assert packed_linear.widths_faster(xeon_head) == widths(4, 8, 12, 16)
+    # SmolLM2's 1536 x 576 MLP weight on the Xeon (stop 26): sgemm's 16-row kernel beats oneDNN's,
+    # its 4- to 12-row ones do not. A rule that wanted a win at every wider width never packed it.
+    xeon_mlp = table((0.27, 0.26), (0.27, 0.26), (0.34, 0.25), (0.40, 0.29), (0.38, 0.30), (0.35, 0.38))
+    assert packed_linear.widths_faster(xeon_mlp) == widths(4, 8, 12)
+    assert packed_linear.widths_faster(table((1.0, 0.5), (1.0, 0.95), (1.5, 0.9), (2.0, 1.2), (2.5, 1.5), (3.0, 2.0))) \
+        == widths(2, 4, 8, 12, 16)  # a loss at 3 alone
+    assert packed_linear.widths_faster(table(*[(1.0, 0.91)] + [(1.0, 0.9)] * 5)) == widths(3, 4, 8, 12, 16)  # MARGIN
+    assert packed_linear.widths_faster(table((1.3, 1.7), (1.7, 2.4), (2.5, 3.5), (4.4, 5.6), (7.0, 7.2), (9.3, 7.5))) \
+        == widths(16)  # Xeon 576 x 576, an earlier session
+    # A 2-row call that loses packed but wins padded to 4 rows is packed, padded.
+    assert packed_linear.widths_faster(table((1.0, 1.0), (1.2, 1.1), (1.5, 0.5), (2.0, 0.9), (2.5, 1.2), (3.0, 1.5))) \
+        == widths(2, 3, 4, 8, 12, 16)
+    # A call goes the way of the widest trial width at or below its rows.
+    assert [packed_linear.trial_width(rows) for rows in (1, 2, 3, 4, 5, 7, 8, 11, 12, 15, 16, 1500)] == \
+        [1, 2, 3, 4, 4, 4, 8, 8, 12, 12, 16, 16]
+
+
+@torch.no_grad()
+def test_a_layer_packs_at_the_widths_it_wins_and_not_between(monkeypatch):
+    monkeypatch.setattr(packed_linear, "time_shape", lambda weight: {  # packed wins at 4 and 8 rows only
+        rows: (1.0, 0.5) if rows in (4, 8) else (0.5, 1.0) for rows in packed_linear.TRIAL_ROWS})
+    counter = PackCounter(monkeypatch)
+    layer = linear()
+    assert packed_linear.faster_at(layer.weight) == frozenset({4, 8})
+    assert [packed_linear.packs_at(layer, rows) for rows in (2, 3, 4, 11, 12, 16, 40)] == [False, False, True, True,
+                                                                                            False, False, False]
+    for rows in (3, 4, 7, 9, 12, 16):
+        x = torch.randn(rows, 512)
+        with packed_linear.packed_steps(layer, rows=rows):
+            torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+    assert [rows for _, rows in counter.calls] == [4, 7, 9]
+    with packed_linear.packed_everywhere(layer):  # generate on the packed weights: each call by its own rows
+        for rows in (1, 5, 13, 8):
+            layer(torch.randn(rows, 512))
+    assert [rows for _, rows in counter.calls] == [4, 7, 9, 5, 8]
 
 
 def test_a_packed_call_is_padded_to_a_wider_width_that_is_measured_faster(monkeypatch):
-    def table(*packed):
-        return {rows: (1.0, ms) for rows, ms in zip(packed_linear.TRIAL_ROWS[1:], packed)}
+    def table(*packed):  # torch's path slower than any packed width
+        return {rows: (20.0, ms) for rows, ms in zip(packed_linear.TRIAL_ROWS[1:], packed)}
 
     # SmolLM2's head on the EPYC, cold (ms packed): oneDNN's 2-row kernel is its slowest.
-    assert packed_linear.pad_widths(table(8.98, 6.28, 5.82, 7.80, 11.0)) == {2: 4}  # 3 -> 4 saves 7%: not MARGIN
-    assert packed_linear.pad_widths(table(9.0, 6.0, 4.0, 4.5, 3.0)) == {2: 16, 3: 16, 4: 16, 8: 16}  # the fastest
-    assert packed_linear.pad_widths(table(1.0, 1.0, 1.1, 2.0, 4.0)) == {}  # each width costs what it holds
+    assert packed_linear.pad_widths(table(8.98, 6.28, 5.82, 7.80, 9.5, 11.0)) == {2: 4}  # 3 -> 4 saves 7%: not MARGIN
+    assert packed_linear.pad_widths(table(9.0, 6.0, 4.0, 4.5, 3.5, 3.0)) == {2: 16, 3: 16, 4: 16, 8: 16, 12: 16}  # the fastest
+    assert packed_linear.pad_widths(table(1.0, 1.0, 1.1, 2.0, 3.0, 4.0)) == {}  # each width costs what it holds
+    # Never to a width where torch's path is as fast as packed: the Xeon's 576 x 576 weight, cold, where
+    # both kernels ran 2 rows slower than 4, and packed and padded 2-token forwards ran slower.
+    xeon_576 = {1: (0.091, 0.111), 2: (0.101, 0.102), 3: (0.085, 0.097), 4: (0.079, 0.081), 8: (0.100, 0.099),
+                12: (0.110, 0.111), 16: (0.118, 0.126)}
+    assert packed_linear.pad_widths(xeon_576) == {} and packed_linear.widths_faster(xeon_576) == frozenset()
+    # sgemm's 16-row kernel beats oneDNN's, so 12 rows are packed as they are, not padded to 16.
+    xeon_mlp = {1: (0.199, 0.274), 2: (0.215, 0.276), 3: (0.215, 0.260), 4: (0.310, 0.239), 8: (0.370, 0.276),
+                12: (0.482, 0.407), 16: (0.314, 0.355)}
+    assert packed_linear.pad_widths(xeon_mlp) == {1: 4, 2: 4} and packed_linear.widths_faster(xeon_mlp) == {4, 8, 12}
 
     seen = []
     kernel = torch.ops.mkldnn._linear_pointwise
     monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", lambda x, *rest: seen.append(x.shape[0]) or kernel(x, *rest))
     monkeypatch.setattr(packed_linear, "time_shape", lambda weight: {
-        rows: (2.0, ms) for rows, ms in zip(packed_linear.TRIAL_ROWS, (2.5, 1.5, 0.6, 0.5, 0.9, 1.6))})
+        rows: (2.0, ms) for rows, ms in zip(packed_linear.TRIAL_ROWS, (2.5, 1.5, 0.6, 0.5, 0.9, 1.2, 1.6))})
     layer = linear()
-    assert packed_linear.from_rows(layer.weight) == 2 and packed_linear.padded_widths(layer.weight) == {1: 4, 2: 4, 3: 4}
+    assert packed_linear.faster_at(layer.weight) == frozenset({2, 3, 4, 8, 12, 16})
+    assert packed_linear.padded_widths(layer.weight) == {1: 4, 2: 4, 3: 4}
     with torch.no_grad():
         for shape in ((1, 2, 512), (2, 1, 512), (3, 512), (5, 512), (1, 1, 512)):
             x = torch.randn(shape)
@@ -142,10 +184,10 @@ def test_the_measurement_times_each_shape_once_on_this_machine(monkeypatch):
     assert sorted(calls) == [(512, 2048), (2048, 512)]
     times = REAL_TIME_SHAPE(model[0].weight)
     assert sorted(times) == list(packed_linear.TRIAL_ROWS) and all(a > 0 and b > 0 for a, b in times.values())
-    starts = {tuple(module.weight.shape): start for module, start in layers}
-    assert all(start in packed_linear.TRIAL_ROWS for start in starts.values())
-    assert {tuple(m.weight.shape) for m, _ in layers} <= {(2048, 512), (512, 2048)}
-    assert packed_linear.packed_from(model) == min(starts.values(), default=None)
+    widths = {tuple(module.weight.shape): at for module, at in layers}
+    assert all(at and at <= set(packed_linear.TRIAL_ROWS[1:]) for at in widths.values())
+    assert set(widths) <= {(2048, 512), (512, 2048)}
+    assert packed_linear.packs_at(model, 8) == any(8 in at for at in widths.values())
     packed_linear.packed_layers(torch.nn.Sequential(linear()))  # another model, a shape already timed
     assert len(calls) == 2
 
@@ -156,21 +198,22 @@ def test_a_measurement_is_kept_for_the_next_process_on_this_machine(monkeypatch,
     monkeypatch.setattr(packed_linear, "_recorded", REAL_RECORDED)
     monkeypatch.setattr(packed_linear, "_record", REAL_RECORD)
     timed = []
-    times = {1: (0.5, 0.6), 2: (1.0, 1.0), 3: (1.0, 0.5), 4: (1.2, 0.4), 8: (1.5, 0.6), 16: (2.0, 1.0)}
+    times = {1: (0.5, 0.6), 2: (1.0, 1.0), 3: (1.0, 0.5), 4: (1.2, 0.4), 8: (1.5, 0.6), 12: (1.8, 0.8), 16: (2.0, 1.0)}
+    everywhere = frozenset({2, 3, 4, 8, 12, 16})
     monkeypatch.setattr(packed_linear, "time_shape", lambda weight: timed.append(tuple(weight.shape)) or times)
     weight = linear().weight
-    assert packed_linear.from_rows(weight) == 2 and timed == [(2048, 512)]  # 2 rows: packed when padded to 4
+    assert packed_linear.faster_at(weight) == everywhere and timed == [(2048, 512)]  # 2 rows: packed when padded to 4
     assert packed_linear.padded_widths(weight) == {1: 4, 2: 4, 3: 4}
     record = json.loads(packed_linear.measurements_file().read_text())
     assert packed_linear.measurements_file() == tmp_path / "cache" / "packing.json"
     assert list(record.values()) == [{str(rows): list(pair) for rows, pair in times.items()}]  # the times, not a rule
     assert list(record)[0].endswith(f"|{torch.get_num_threads()} threads|2048x512")
     monkeypatch.setattr(packed_linear, "_MEASURED", {})  # a new process
-    assert packed_linear.from_rows(weight) == 2 and len(timed) == 1  # read, not timed again
+    assert packed_linear.faster_at(weight) == everywhere and len(timed) == 1  # read, not timed again
     assert packed_linear.padded_widths(weight) == {1: 4, 2: 4, 3: 4} and len(timed) == 1
     monkeypatch.setattr(packed_linear, "_MEASURED", {})
     packed_linear.measurements_file().write_text("not json")  # a damaged file: measured again, rewritten
-    assert packed_linear.from_rows(weight) == 2 and len(timed) == 2
+    assert packed_linear.faster_at(weight) == everywhere and len(timed) == 2
     assert len(json.loads(packed_linear.measurements_file().read_text())) == 1
     key = list(json.loads(packed_linear.measurements_file().read_text()))[0]
     for damaged in ("3", 3, {"2": [1.0, 1.0]}, {**record[key], "16": [1.0, -1.0]}, {**record[key], "16": "fast"}):
@@ -178,12 +221,12 @@ def test_a_measurement_is_kept_for_the_next_process_on_this_machine(monkeypatch,
         monkeypatch.setattr(packed_linear, "_MEASURED", {})
         packed_linear.measurements_file().write_text(json.dumps({key: damaged}))
         before = len(timed)
-        assert packed_linear.from_rows(weight) == 2 and len(timed) == before + 1
+        assert packed_linear.faster_at(weight) == everywhere and len(timed) == before + 1
     monkeypatch.setattr(packed_linear, "_MEASURED", {})
     blocked = tmp_path / "file"
     blocked.write_text("")
     monkeypatch.setenv("SPECDEC_CACHE", str(blocked))  # a cache that cannot be written: kept in the process
-    assert packed_linear.from_rows(weight) == 2 and len(timed) == 8
+    assert packed_linear.faster_at(weight) == everywhere and len(timed) == 8
 
 
 @torch.no_grad()
@@ -191,7 +234,7 @@ def test_a_machine_where_packing_wins_from_two_rows_packs_two_row_blocks_never_o
     pin_packing(monkeypatch, start=2)
     counter = PackCounter(monkeypatch)
     layer = linear()
-    assert packed_linear.packed_from(layer) == 2
+    assert packed_linear.packs_at(layer, 2) and not packed_linear.packs_at(layer, 1)
     for rows in (1, 2, 3):
         x = torch.randn(rows, 512)
         with packed_linear.packed_steps(layer, rows=rows):
@@ -201,7 +244,7 @@ def test_a_machine_where_packing_wins_from_two_rows_packs_two_row_blocks_never_o
         layer(torch.randn(1, 512))
     assert counter.packed(layer.weight) == 2
     pin_packing(monkeypatch, start=None)
-    assert packed_linear.packed_layers(linear()) == [] and packed_linear.packed_from(linear()) is None
+    assert packed_linear.packed_layers(linear()) == [] and not packed_linear.packs_at(linear(), 16)
 
 
 @torch.no_grad()

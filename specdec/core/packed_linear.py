@@ -10,13 +10,18 @@ where oneDNN's matmul over the same weight reordered once into its blocked layou
 0.42x of that at 4 and 8 rows: what Inductor does for CPU inference with ``freezing`` on, and what
 vLLM's CPU backend does for every linear layer.
 
-Which CPU decides where that starts, so the threshold is measured, not assumed: the first time a
-weight shape is packed, ``measured`` times it on torch's path and packed at ``TRIAL_ROWS`` and keeps
-the times for the process and, in ``measurements_file()``, for the next ones on this machine;
-``from_rows`` is the fewest rows from which packed is at least ``1 / MARGIN`` times as fast at every
-trial width (or never). On the Xeon above torch's path holds up to 3 rows and a
-576 x 576 weight runs 1.3-1.4x slower packed at 4-8 rows (oneDNN's fixed cost per call is more
-than sgemm's repacking saves there). On an AMD EPYC (Zen 4, family 25 model 17, 2 vCPUs) MKL's sgemm runs 2
+Which CPU decides where it pays, so it is measured, not assumed: the first time a weight shape
+is packed, ``measured`` times it on torch's path and packed at ``TRIAL_ROWS`` and keeps the times
+for the process and, in ``measurements_file()``, for the next ones on this machine;
+``faster_at`` is the set of trial widths at which packed is at least ``1 / MARGIN`` times as fast,
+and a call runs packed where the widest trial width at or below its rows is in that set. It is a
+set, not a threshold: on the Xeon above SmolLM2's 1536 x 576 and 576 x 1536 MLP weights run
+0.69-0.87x the time packed at 4, 8 and 12 rows and 1.1-1.2x at 16, where sgemm's 16-row kernel
+is better than its 4- and 8-row ones; a rule that packed only from a width on which packed wins at
+every wider one never packed them, and the 4- and 5-token verifies of SmolLM2 cost 1.52 plain
+steps instead of 1.35-1.39 (docs/benchmarks.md, stop 26). A 576 x 576 weight runs 1.1-1.8x slower
+packed at every width there (oneDNN's fixed cost per call is more than sgemm's repacking saves).
+On an AMD EPYC (Zen 4, family 25 model 17, 2 vCPUs) MKL's sgemm runs 2
 and 3 rows at 2.3x and 3.3x the time of one row (a 49152 x 576 weight: 10.1, 22.9 and 33.2 ms)
 and packed wins from 2 rows on every weight measured, small ones included (docs/benchmarks.md,
 stop 21). Timing the shapes costs 1.0 s for SmolLM2-135M on that EPYC, once per machine.
@@ -30,7 +35,8 @@ widths, as between sgemm's; see Rounding below).
 
 ``packed_steps(model, rows)`` runs, for one forward over ``rows`` tokens (batch x block), every
 ``nn.Linear`` of ``model`` whose weight shape was measured faster packed at that many rows on its
-packed weight. A target's one-row calls (plain steps) are never packed, whatever the measurement:
+packed weight (each call checks its own rows: an LM head that keeps fewer positions than the block
+goes by its own). A target's one-row calls (plain steps) are never packed, whatever the measurement:
 specdec's plain steps stay ``generate``'s own. A drafter's are, where measured faster
 (``one_row_faster``; ``packed_steps(..., one_row=True)``): on that EPYC a one-row call of SmolLM2's
 head takes 0.72x the time packed, of its 1536 x 576 MLP weight 0.76x. The
@@ -72,10 +78,10 @@ from torch.utils.weak import WeakIdKeyDictionary
 from ..errors import PackingWarning
 from .model_cache import cache_root
 
-# The widths (rows: tokens x batch) a weight shape is timed at, torch's path against packed; wider
-# calls are taken to go the way the widest trial went. One row is a drafter's step: a target's
-# one-row calls are never packed.
-TRIAL_ROWS = (1, 2, 3, 4, 8, 16)
+# The widths (rows: tokens x batch) a weight shape is timed at, torch's path against packed; a call
+# goes the way of the widest trial at or below its rows (``trial_width``). One row is a drafter's
+# step: a target's one-row calls are never packed. 12 is four rows' 3-token verifies.
+TRIAL_ROWS = (1, 2, 3, 4, 8, 12, 16)
 # Packed must take at most this share of torch's time to count as faster: a win inside the timer's
 # noise would cost the weight's size in memory for nothing.
 MARGIN = 0.9
@@ -96,7 +102,7 @@ _LINEARS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 class _Switch(NamedTuple):
     module: torch.nn.Linear
-    start: int | None  # the rows from which its multi-token calls are packed (None: never)
+    packed_at: frozenset[int]  # the trial widths (2 or more) at which its calls are packed (faster_at)
     forward: functools.partial | None  # its packed forward for them
     one_row: functools.partial | None  # its packed forward for a drafter's one-row calls (None: torch's is faster)
 
@@ -129,8 +135,23 @@ def packed_steps(model: torch.nn.Module, rows: int, one_row: bool = False):
     if rows < 2:
         switched = [(switch.module, switch.one_row) for switch in _switches(model) if switch.one_row is not None]
     else:
-        switched = [(switch.module, switch.forward) for switch in _switches(model)
-                    if switch.start is not None and switch.start <= rows]
+        trial = trial_width(rows)
+        switched = [(switch.module, switch.forward) for switch in _switches(model) if trial in switch.packed_at]
+    with _switched(switched):
+        yield
+
+
+@contextlib.contextmanager
+def packed_everywhere(model: torch.nn.Module):
+    """Every call of each packed layer at a width measured faster packed, the prefill included, for as
+    long as it is entered: ``generate`` run on the weights specdec's steps read, the plain baseline
+    that tells the kernel's gain from the speculation's (``specdec bench``, the benchmarks)."""
+    with _switched([(switch.module, switch.forward) for switch in _switches(model) if switch.packed_at]):
+        yield
+
+
+@contextlib.contextmanager
+def _switched(switched: list[tuple[torch.nn.Linear, functools.partial]]):
     for module, forward in switched:
         module.forward = forward
     try:
@@ -140,18 +161,16 @@ def packed_steps(model: torch.nn.Module, rows: int, one_row: bool = False):
             module.__dict__.pop("forward", None)
 
 
-@contextlib.contextmanager
-def packed_everywhere(model: torch.nn.Module):
-    """Every call of each packed layer that is wide enough for it, the prefill included, for as long
-    as it is entered: ``generate`` run on the weights specdec's steps read, the plain baseline that
-    tells the kernel's gain from the speculation's (``specdec bench``, the benchmarks)."""
-    with packed_steps(model, max(TRIAL_ROWS)):
-        yield
+def packs_at(model: torch.nn.Module, rows: int) -> bool:
+    """Whether any of ``model``'s layers runs packed in a step of ``rows`` rows (2 or more)."""
+    trial = trial_width(rows)
+    return any(trial in widths for _, widths in packed_layers(model))
 
 
-def packed_from(model: torch.nn.Module) -> int | None:
-    """The fewest rows from which any of ``model``'s layers runs packed (None: none ever does)."""
-    return min((start for _, start in packed_layers(model)), default=None)
+@functools.cache
+def trial_width(rows: int) -> int:
+    """The trial width whose measurement decides a call of ``rows`` rows: the widest at or below it."""
+    return max((width for width in TRIAL_ROWS if width <= rows), default=TRIAL_ROWS[0])
 
 
 def pack(model: torch.nn.Module) -> None:
@@ -173,10 +192,11 @@ def packed_weight(weight: torch.Tensor) -> torch.Tensor:
     return packed
 
 
-def packed_layers(model: torch.nn.Module) -> list[tuple[torch.nn.Linear, int]]:
-    """The ``nn.Linear`` layers of ``model`` that its multi-token steps run on packed weights, each with
-    the rows from which it does (``from_rows``, measured here the first time a shape is seen)."""
-    return [(switch.module, switch.start) for switch in _switches(model) if switch.start is not None]
+def packed_layers(model: torch.nn.Module) -> list[tuple[torch.nn.Linear, frozenset[int]]]:
+    """The ``nn.Linear`` layers of ``model`` that its multi-token steps run on packed weights at some
+    width, each with the trial widths at which it does (``faster_at``, measured here the first time a
+    shape is seen)."""
+    return [(switch.module, switch.packed_at) for switch in _switches(model) if switch.packed_at]
 
 
 def _switches(model: torch.nn.Module) -> list[_Switch]:
@@ -193,12 +213,12 @@ def _switches(model: torch.nn.Module) -> list[_Switch]:
                       and module.weight.numel() >= MIN_WEIGHT]
         linears = []
         for module in candidates:
-            start, widths = from_rows(module.weight), padded_widths(module.weight)
+            packed_at, widths = faster_at(module.weight), padded_widths(module.weight)
             one_row = one_row_faster(measured(module.weight))
-            if start is not None or one_row:
-                linears.append(_Switch(module, start,
-                                       None if start is None else functools.partial(_packed_forward, module, start, widths),
-                                       functools.partial(_packed_forward, module, 1, widths) if one_row else None))
+            if packed_at or one_row:
+                linears.append(_Switch(module, packed_at,
+                                       functools.partial(_packed_forward, module, packed_at, widths) if packed_at else None,
+                                       functools.partial(_packed_forward, module, packed_at | ONE_ROW, widths) if one_row else None))
         need = sum(switch.module.weight.numel() * switch.module.weight.element_size() for switch in linears)
         free = free_memory()
         if free is not None and need > free // 2:
@@ -211,10 +231,10 @@ def _switches(model: torch.nn.Module) -> list[_Switch]:
     return linears
 
 
-def from_rows(weight: torch.Tensor) -> int | None:
-    """The fewest rows from which a weight of ``weight``'s shape runs faster packed on this machine
-    (None: at no width tried; ``first_faster`` of its ``measured`` times)."""
-    return first_faster(measured(weight))
+def faster_at(weight: torch.Tensor) -> frozenset[int]:
+    """The trial widths (2 or more) at which a weight of ``weight``'s shape runs faster packed on this
+    machine (``widths_faster`` of its ``measured`` times)."""
+    return widths_faster(measured(weight))
 
 
 def padded_widths(weight: torch.Tensor) -> dict[int, int]:
@@ -297,35 +317,36 @@ def _record(key: str, times: dict[int, tuple[float, float]]) -> None:
         pass
 
 
-def first_faster(times: dict[int, tuple[float, float]]) -> int | None:
-    """From ``{rows: (torch's seconds, packed seconds)}``: the fewest rows (2 or more) from which packed
-    (padded where ``pad_widths`` says so) takes at most ``MARGIN`` of torch's time at every width timed
-    (None when it does not at the widest)."""
+def widths_faster(times: dict[int, tuple[float, float]]) -> frozenset[int]:
+    """From ``{rows: (torch's seconds, packed seconds)}``: the trial widths of 2 or more rows at which
+    packed is faster (``_wins``)."""
     widths = pad_widths(times)
-    start = None
-    for rows in sorted((rows for rows in times if rows >= 2), reverse=True):
-        plain, packed = times[rows][0], times[widths.get(rows, rows)][1]
-        if packed > MARGIN * plain:
-            break
-        start = rows
-    return start
+    return frozenset(rows for rows in times if rows >= 2 and _wins(times, widths, rows))
 
 
 def one_row_faster(times: dict[int, tuple[float, float]]) -> bool:
-    """Whether a one-row call (a drafter's step) takes at most ``MARGIN`` of torch's time packed
-    (padded where ``pad_widths`` says so)."""
-    plain = times[1][0]
-    return times[pad_widths(times).get(1, 1)][1] <= MARGIN * plain
+    """Whether a one-row call (a drafter's step) is faster packed (``_wins``)."""
+    return _wins(times, pad_widths(times), 1)
+
+
+def _wins(times: dict[int, tuple[float, float]], widths: dict[int, int], rows: int) -> bool:
+    """Whether a call of ``rows`` rows packed (padded where ``widths`` says so) takes at most ``MARGIN``
+    of torch's time."""
+    return times[widths.get(rows, rows)][1] <= MARGIN * times[rows][0]
 
 
 def pad_widths(times: dict[int, tuple[float, float]]) -> dict[int, int]:
     """From ``{rows: (torch's seconds, packed seconds)}``: each trial width whose packed call is
     faster padded to a wider trial width, mapped to the fastest such width, where that takes at most
-    ``MARGIN`` of its own time."""
+    ``MARGIN`` of its own time. Only a width where packed wins at its own rows is padded to: where
+    torch's path is as fast there, the gain is the width's, not packing's, and it did not hold in a
+    forward (on the Xeon a cold 576 x 576 weight timed 0.10 ms for 2 rows and 0.08 for 4 on either
+    path; packed and padded to 4, SmolLM2's 2-token forward ran 1.25 plain steps instead of 1.11)."""
     widths = {}
+    winning = [width for width, (plain, packed) in times.items() if packed <= MARGIN * plain]
     for rows in sorted(times):
         _, own = times[rows]
-        wider = min((width for width in times if width > rows), key=lambda width: times[width][1], default=None)
+        wider = min((width for width in winning if width > rows), key=lambda width: times[width][1], default=None)
         if wider is not None and times[wider][1] <= MARGIN * own:
             widths[rows] = wider
     return widths
@@ -384,16 +405,21 @@ def free_memory() -> int | None:
         return None
 
 
-def _packed_forward(module: torch.nn.Linear, start: int, widths: dict[int, int], x: torch.Tensor) -> torch.Tensor:
+ONE_ROW = frozenset({1})  # added to a layer's widths in a drafter's one-row steps (packed_steps(one_row=True))
+
+
+def _packed_forward(module: torch.nn.Linear, packed_at: frozenset[int], widths: dict[int, int],
+                    x: torch.Tensor) -> torch.Tensor:
     # Runs for every layer of every packed step (211 calls a SmolLM2 forward): the parameters are
     # read from _parameters, not through nn.Module.__getattr__, and a view where one serves.
     parameters = module._parameters
     weight, bias = parameters["weight"], parameters["bias"]
     features = x.shape[-1]
-    if x.dtype != torch.float32 or x.dim() < 2 or x.numel() < start * features or torch.is_grad_enabled():
+    rows = x.numel() // features
+    if (x.dtype != torch.float32 or x.dim() < 2 or rows == 0 or trial_width(rows) not in packed_at
+            or torch.is_grad_enabled()):
         return F.linear(x, weight, bias)
     flat = x.reshape(-1, features)
-    rows = flat.shape[0]
     wide = widths.get(rows)
     if wide is not None:
         flat = F.pad(flat, (0, 0, 0, wide - rows))
