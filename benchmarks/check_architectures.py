@@ -32,7 +32,6 @@ import json
 import multiprocessing
 import os
 import platform
-import subprocess
 import sys
 import time
 import traceback
@@ -55,6 +54,7 @@ hf_logging.set_verbosity_error()
 
 from tests import architectures as arch_lib  # noqa: E402  (the one shrinker, shared with the tests)
 from specdec import PluginError, SpecdecError, SpeculativeDecoder  # noqa: E402
+from specdec.core.packed_linear import cpu_name  # noqa: E402
 from specdec.core.models import reread_reason  # noqa: E402
 from specdec.drafters import ModelDrafter, NGramDrafter  # noqa: E402
 from specdec.policies import ConstantLookahead, HeuristicLookahead  # noqa: E402
@@ -530,7 +530,7 @@ def main(argv=None) -> int:
         "transformers": transformers.__version__,
         "torch": torch.__version__,
         "python": platform.python_version(),
-        "cpu": _cpu_name(),
+        "cpu": cpu_name(),
         "seconds": round(elapsed, 1),
         "left_out": left_out,
         "new_tokens": NEW_TOKENS,
@@ -561,17 +561,6 @@ def write_markdown(path: Path, table: str) -> None:
             path.write_text(old[: old.index(BEGIN)] + block + old[old.index(END) + len(END):])
             return
     path.write_text(block + "\n")
-
-
-def _cpu_name() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 if __name__ == "__main__":

@@ -8,16 +8,18 @@ contenders that tell on this CPU what each later measurement gained, in the same
 - ``"unpadded"``: today's rule without padding to a faster wider width;
 - ``"from a width on"``: stops 22-25's rule, padding and a drafter's packed one-row steps included,
   that packed a layer only from the fewest rows from which packed wins at every wider trial width
-  (so never, where sgemm's widest trial beats oneDNN's, as SmolLM2's MLP weights on the Xeon).
+  (so never, where sgemm's widest trial beats oneDNN's, as SmolLM2's MLP weights on the Xeon);
+- ``"stop 25"``: ``"from a width on"``, and attention over copied key/value heads in a multi-token
+  step of a grouped-query model (no ``core/gqa_attention.py``): the step path of stops 22-25.
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager
 
-from specdec.core import packed_linear
+from specdec.core import gqa_attention, packed_linear
 
-RULES = ("packed from 4 rows", "stop 21", "unpadded", "from a width on")
+RULES = ("packed from 4 rows", "stop 21", "unpadded", "from a width on", "stop 25")
 
 
 def from_a_width_on(widths: frozenset[int]) -> frozenset[int]:
@@ -39,13 +41,15 @@ def packing_rule(rule: str | None):
     if rule not in RULES:
         raise ValueError(f"unknown packing rule {rule!r}; known: {', '.join(RULES)}")
     saved = (packed_linear.faster_at, packed_linear.padded_widths, packed_linear.one_row_faster,
-             dict(packed_linear._LINEARS))
+             dict(packed_linear._LINEARS), gqa_attention.applies_to)
     measured = packed_linear.faster_at
-    if rule != "from a width on":
+    if rule not in ("from a width on", "stop 25"):
         packed_linear.padded_widths = lambda weight: {}
-    if rule not in ("unpadded", "from a width on"):
+    if rule not in ("unpadded", "from a width on", "stop 25"):
         packed_linear.one_row_faster = lambda times: False
-    if rule in ("stop 21", "from a width on"):
+    if rule == "stop 25":
+        gqa_attention.applies_to = lambda model: False
+    if rule in ("stop 21", "from a width on", "stop 25"):
         packed_linear.faster_at = lambda weight: from_a_width_on(measured(weight))
     if rule == "packed from 4 rows":
         packed_linear.faster_at = lambda weight: (frozenset(rows for rows in packed_linear.TRIAL_ROWS if rows >= 4)
@@ -55,5 +59,6 @@ def packing_rule(rule: str | None):
         yield
     finally:
         packed_linear.faster_at, packed_linear.padded_widths, packed_linear.one_row_faster = saved[:3]
+        gqa_attention.applies_to = saved[4]
         packed_linear._LINEARS.clear()
         packed_linear._LINEARS.update(saved[3])

@@ -670,6 +670,26 @@ class TestAlternatives:
         ledger.add_hits(0, 1.0)
         assert ledger.gain() == pytest.approx(1.0)
 
+    def test_a_price_once_known_stays_known_while_they_are_not_read(self):
+        """Three timings each way price a width for good; the means keep ageing. With a decayed count
+        instead, the price vanished a few iterations after the policy stopped reading them, and the
+        policy read them half the time until it was known again (SmolLM2 at batch 4, stop 26)."""
+        ledger = AlternativesLedger()
+        for _ in range(3):
+            ledger.add_time(2, True, 3.0, 0.9)
+            ledger.add_time(2, False, 2.0, 0.9)
+        assert ledger.price() == pytest.approx(1.0)
+        for _ in range(200):
+            ledger.add_time(2, False, 1.5, 0.9)  # the chain alone gets cheaper; they are not read again
+        assert ledger.price() == pytest.approx(1.5)
+        policy = CostAwareLookahead(clock=lambda: 0.0, probe_rate=0.0)
+        policy._ledgers[1] = ledger
+        ledger.add_hits(0, 1.0)  # never right: never worth reading
+        fed(policy, 1, {0: 1.0, 1: 1.1, 2: 1.2, 3: 1.3})
+        decision = policy.choose(1, [0.6], [20])
+        policy._alt_read = False  # the last iteration did not read them: unpriced, the next one would
+        assert [policy._read_alternatives(1, decision) for _ in range(6)] == [False] * 6
+
     def test_the_choice_weighs_their_tokens_against_their_time_at_the_batchs_rate(self):
         policy = CostAwareLookahead(clock=lambda: 0.0, probe_rate=0.0)
         ledger = policy._ledgers.setdefault(1, AlternativesLedger())

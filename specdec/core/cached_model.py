@@ -30,6 +30,7 @@ import torch
 
 from ..errors import ConfigError
 from .cache import bucket
+from . import gqa_attention
 from .packed_linear import applies_to, pack
 from .models import CausalLMRunner, RereadingRunner, Seq2SeqRunner
 
@@ -68,6 +69,8 @@ class CachedModel:
         self.runner.packed_one_row = self.runner.packed_steps and self.role != "target"
         if self.runner.packed_steps:
             pack(self.model)  # now, not in the first step the policies time
+        self.runner.grouped_steps = (not self.runner.rereads and not self.runner.compiled_steps
+                                     and gqa_attention.applies_to(self.model))
         if self.slots is not None:
             self.slots.prompt_lengths = (state.prompt_width - state.padding_host).to(state.device)
         self._spec, self._spec_valid = [], []  # a re-reading runner's speculative tokens of this round

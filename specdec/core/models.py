@@ -23,6 +23,7 @@ from transformers.utils import ModelOutput
 from ..errors import ConfigError, InputError, RereadWarning
 from .cache import SlotCache, static_cache
 from .masks import FULL, AttentionLayout
+from .gqa_attention import gqa_steps
 from .packed_linear import packed_steps
 from .recurrent import config_cache
 
@@ -344,6 +345,7 @@ class CausalLMRunner:
     compiled_steps = False  # set per request (CachedModel.begin): call a compiled forward after the prefill
     packed_steps = False  # set per request (CachedModel.begin): steps after the prefill on packed weights
     packed_one_row = False  # set per request (CachedModel.begin): one-token steps too (a drafter's)
+    grouped_steps = False  # set per request (CachedModel.begin): multi-token steps' attention by gqa_steps
 
     def _prepares_masks(self, device: torch.device) -> bool:
         # Off the CPU, transformers' sdpa mask creation from a 2D mask syncs the device (it asks
@@ -402,7 +404,9 @@ class CausalLMRunner:
         step = slots.length > input_ids.shape[1]  # not the prefill
         if self.compiled_steps and slots.static and step:
             call = compiled_forward(self.model)
-        with packed_steps(self.model, input_ids.numel(), self.packed_one_row) if self.packed_steps and step else nullcontext():
+        with (packed_steps(self.model, input_ids.numel(), self.packed_one_row) if self.packed_steps and step
+              else nullcontext()), \
+                (gqa_steps(self.model) if self.grouped_steps and step and not one_token else nullcontext()):
             out = call(attention_mask=attention_mask, position_ids=position_ids, use_cache=True, **kwargs)
         logits = slots.to_active(out.logits[:, -logits_to_keep:])
         return (logits, slots.to_active(out.hidden_states[-1][:, -input_ids.shape[1]:])) if hidden else logits

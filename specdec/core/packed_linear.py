@@ -267,11 +267,12 @@ def measurements_file() -> Path:
 
 def _machine_key(shape: tuple[int, ...]) -> str:
     """A measurement holds for this CPU, this torch and this many threads."""
-    return f"{_cpu_name()}|torch {torch.__version__}|{torch.get_num_threads()} threads|{shape[0]}x{shape[1]}"
+    return f"{cpu_name()}|torch {torch.__version__}|{torch.get_num_threads()} threads|{shape[0]}x{shape[1]}"
 
 
 @functools.cache
-def _cpu_name() -> str:
+def cpu_name() -> str:
+    """This CPU's model name (``/proc/cpuinfo``), which keys the measurements and names benchmark tables."""
     try:
         with open("/proc/cpuinfo") as cpuinfo:
             for line in cpuinfo:

@@ -178,6 +178,16 @@ def expected_tokens(alpha, k) -> np.ndarray:
     return np.where(near_one, k + 1, (1 - safe ** (k + 1)) / (1 - safe))
 
 
+def _add_decayed(weight: dict, mean: dict, key, value: float, decay: float) -> None:
+    """One observation into recency-weighted means per key: every key's weight decays by ``decay``,
+    then ``key``'s mean moves towards ``value`` by the new observation's share of its weight."""
+    for known in weight:
+        weight[known] *= decay
+    w, m = weight.get(key, 0.0), mean.get(key, 0.0)
+    weight[key] = w + 1.0
+    mean[key] = m + (value - m) / (w + 1.0)
+
+
 @attrs.define
 class CostFit:
     """Recency-weighted observations of one batch-size bucket, kept as per-k weighted means:
@@ -202,12 +212,7 @@ class CostFit:
             if predicted is not None and predicted[k] > 0:
                 self.load += load_rate * (seconds / predicted[k] - self.load)
             seconds = seconds / self.load
-        for key in self.weight:
-            self.weight[key] *= decay
-        w = self.weight.get(k, 0.0)
-        m = self.mean.get(k, 0.0)
-        self.weight[k] = w + 1.0
-        self.mean[k] = m + (seconds - m) / (w + 1.0)
+        _add_decayed(self.weight, self.mean, k, seconds, decay)
 
     def _cells(self, floor: float, speculative_only: bool = False):
         return [(k, self.weight[k], self.mean[k]) for k in self.weight
@@ -270,17 +275,18 @@ class AlternativesLedger:
 
     weight: dict[tuple[int, bool], float] = attrs.field(factory=dict)  # (width, read) -> decayed weight
     mean: dict[tuple[int, bool], float] = attrs.field(factory=dict)  # (width, read) -> mean seconds
+    timings: dict[tuple[int, bool], int] = attrs.field(factory=dict)  # (width, read) -> iterations timed
     hits: float = 0.0  # decayed tokens the alternatives were right about
     seen: float = 0.0  # decayed iterations whose draft had alternatives
 
-    TIMINGS = 2.5  # decayed weight each way before a width prices them: three timings
+    # Timings each way before a width prices them. Counted, not decayed: a decayed weight fell back
+    # under the bar a few iterations after the policy stopped reading them, and while unpriced it
+    # alternates, so SmolLM2 at batch 4 read them in 7% of its iterations at a loss (stop 26).
+    TIMINGS = 3
 
     def add_time(self, width: int, read: bool, seconds: float, decay: float) -> None:
-        for key in self.weight:
-            self.weight[key] *= decay
-        w, m = self.weight.get((width, read), 0.0), self.mean.get((width, read), 0.0)
-        self.weight[(width, read)] = w + 1.0
-        self.mean[(width, read)] = m + (seconds - m) / (w + 1.0)
+        _add_decayed(self.weight, self.mean, (width, read), seconds, decay)
+        self.timings[(width, read)] = self.timings.get((width, read), 0) + 1
 
     def add_hits(self, hits: float, decay: float) -> None:
         self.hits = self.hits * decay + hits
@@ -292,10 +298,12 @@ class AlternativesLedger:
         forwards at a new width also set up the CPU kernels for it)."""
         pairs = [(min(self.weight[(width, True)], self.weight[(width, False)]),
                   self.mean[(width, True)] - self.mean[(width, False)])
-                 for width, read in self.weight if read and (width, False) in self.weight]
-        pairs = [(w, d) for w, d in pairs if w >= self.TIMINGS]
-        total = sum(w for w, _ in pairs)
-        return sum(w * d for w, d in pairs) / total if total > 0 else None
+                 for width, read in self.weight if read and (width, False) in self.weight
+                 and min(self.timings[(width, True)], self.timings[(width, False)]) >= self.TIMINGS]
+        if not pairs:
+            return None
+        total = sum(w for w, _ in pairs)  # 0 only where every weight decayed below float's range
+        return sum(w * d for w, d in pairs) / total if total > 0 else sum(d for _, d in pairs) / len(pairs)
 
     def gain(self) -> float:
         """Tokens they add per iteration that has them (0 before any was seen)."""
