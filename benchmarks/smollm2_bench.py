@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from collections import defaultdict
@@ -32,7 +31,7 @@ from specdec import SpeculativeDecoder  # noqa: E402
 from specdec.core.components import Observer  # noqa: E402
 from specdec.core import state as state_module  # noqa: E402
 from specdec.core.models import cache_argument  # noqa: E402
-from specdec.core.packed_linear import packed_everywhere  # noqa: E402
+from specdec.core.packed_linear import cpu_name, packed_everywhere  # noqa: E402
 from specdec.drafters import FallbackDrafter, HiddenStateDrafter, HiddenStateHead, NGramDrafter  # noqa: E402
 from specdec.policies import (ConstantLookahead, CostAwareLookahead, DraftConfidenceLookahead,  # noqa: E402
                               HeuristicLookahead)
@@ -404,9 +403,7 @@ def main() -> None:
         results.append(run_one(run, target, tokenizer, head, chosen, args, other_head))
         loads.append(open("/proc/loadavg").read().split()[0])
         print(markdown(results[-1]), file=sys.stderr, flush=True)
-    cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    model_name = next((l.split(":", 1)[1].strip() for l in cpu.splitlines() if l.startswith("Model name")), "?")
-    summary = {"date": str(date.today()), "cpu": model_name, "threads": args.threads, "loadavg_1min": loads,
+    summary = {"date": str(date.today()), "cpu": cpu_name(), "threads": args.threads, "loadavg_1min": loads,
                "step_costs_ms": costs, "args": {k: str(v) for k, v in vars(args).items()}, "results": results}
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -51,7 +51,6 @@ import argparse
 import copy
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -67,7 +66,7 @@ sys.path.insert(0, str(ROOT))
 
 from specdec import SpeculativeDecoder  # noqa: E402
 from specdec.core.model_cache import resolve_model_path  # noqa: E402
-from specdec.core.packed_linear import packed_everywhere  # noqa: E402
+from specdec.core.packed_linear import cpu_name, packed_everywhere  # noqa: E402
 
 from packing_rules import packing_rule  # noqa: E402
 from specdec.drafters import HiddenStateDrafter, SharedEncoderDrafter  # noqa: E402
@@ -334,7 +333,7 @@ def main() -> int:
     if args.peak_rss:
         print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
         return 0
-    info = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": platform.processor() or "",
+    info = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": cpu_name(),
             "load": os.getloadavg(), "threads": args.threads, "policy": args.policy, "results": results}
     if args.memory:
         info["peak_rss_mib"] = {name: memory_of(args, name) for name in args.contenders.split(",")}

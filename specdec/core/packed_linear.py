@@ -18,9 +18,10 @@ and a call runs packed where the widest trial width at or below its rows is in t
 set, not a threshold: on the Xeon above SmolLM2's 1536 x 576 and 576 x 1536 MLP weights run
 0.69-0.87x the time packed at 4, 8 and 12 rows and 1.1-1.2x at 16, where sgemm's 16-row kernel
 is better than its 4- and 8-row ones; a rule that packed only from a width on which packed wins at
-every wider one never packed them, and the 4- and 5-token verifies of SmolLM2 cost 1.52 plain
-steps instead of 1.35-1.39 (docs/benchmarks.md, stop 26). A 576 x 576 weight runs 1.1-1.8x slower
-packed at every width there (oneDNN's fixed cost per call is more than sgemm's repacking saves).
+every wider one never packed them, and the 4- and 5-token verifies of SmolLM2 cost 1.48-1.55
+plain steps instead of 1.38-1.43 (docs/benchmarks.md, stop 26). A 576 x 576 weight is no faster
+packed at any width there (0.99-1.8x: oneDNN's fixed cost per call is more than sgemm's repacking
+saves).
 On an AMD EPYC (Zen 4, family 25 model 17, 2 vCPUs) MKL's sgemm runs 2
 and 3 rows at 2.3x and 3.3x the time of one row (a 49152 x 576 weight: 10.1, 22.9 and 33.2 ms)
 and packed wins from 2 rows on every weight measured, small ones included (docs/benchmarks.md,
