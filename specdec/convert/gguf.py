@@ -62,7 +62,8 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, *, overwrite: bool 
         raise ConfigError(f"GGUF file {str(gguf_path)!r} does not exist")
     if (out_dir / "config.json").is_file() and not overwrite:
         return out_dir
-    _require("gguf")
+    for module in ("gguf", "accelerate"):  # transformers needs both to read a GGUF file
+        _require(module)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
