@@ -229,6 +229,19 @@ def test_a_measurement_is_kept_for_the_next_process_on_this_machine(monkeypatch,
     assert packed_linear.faster_at(weight) == everywhere and len(timed) == 8
 
 
+def test_two_generations_of_cpu_with_one_generic_name_are_kept_apart():
+    """A virtual machine may call a Zen 3 and a Zen 4 both "AMD EPYC": the family and model numbers
+    go into the name that keys the measurements (and labels benchmark tables)."""
+    def cpuinfo(model):
+        block = f"processor\t: {{}}\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: {model}\nmodel name\t: AMD EPYC\n"
+        return block.format(0) + "\n" + block.format(1).replace("AMD EPYC", "ignored: the first block names it")
+
+    assert packed_linear._cpu_name(cpuinfo(1)) == "AMD EPYC (family 25, model 1)"
+    assert packed_linear._cpu_name(cpuinfo(17)) == "AMD EPYC (family 25, model 17)"
+    assert packed_linear._cpu_name("model name\t: Some CPU\n") == "Some CPU"  # no numbers: the name alone
+    assert packed_linear.cpu_name() in packed_linear._machine_key((4, 4))
+
+
 @torch.no_grad()
 def test_a_machine_where_packing_wins_from_two_rows_packs_two_row_blocks_never_one_row(monkeypatch):
     pin_packing(monkeypatch, start=2)

@@ -273,15 +273,27 @@ def _machine_key(shape: tuple[int, ...]) -> str:
 
 @functools.cache
 def cpu_name() -> str:
-    """This CPU's model name (``/proc/cpuinfo``), which keys the measurements and names benchmark tables."""
+    """This CPU's model name (``/proc/cpuinfo``), which keys the measurements and names benchmark
+    tables, with its family and model numbers: a virtual machine's name can be as generic as "AMD
+    EPYC" for a Zen 3 (family 25, model 1) and a Zen 4 (model 17), whose small matmuls differ."""
     try:
         with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+            return _cpu_name(cpuinfo.read())
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def _cpu_name(cpuinfo: str) -> str:
+    fields = {}
+    for line in cpuinfo.splitlines():
+        if not line.strip():
+            break  # the first processor's block is enough
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    name = fields.get("model name") or platform.processor() or platform.machine()
+    family, model = fields.get("cpu family"), fields.get("model")
+    return f"{name} (family {family}, model {model})" if family and model else name
 
 
 def _recorded() -> dict[str, dict[int, tuple[float, float]]]:
