@@ -1,0 +1,248 @@
+"""Replay greedy decoding offline to compare lookahead choices without timing noise.
+
+Under greedy decoding the output is the target's own whatever k a policy picks, and so is what a
+deterministic drafter proposes from a given prefix: the draft model's argmax after the committed
+tokens, or prompt lookup's copy. So whether the draft's j-th token would be accepted from a given
+position is a fact of the text, not of the run: one teacher-forced pass of the draft model over
+the target's output (prompt lookup on its prefixes) gives, for every position, how many drafts in
+a row the target would accept from there. A policy then replays on that record: each iteration
+it picks k, commits ``min(run, k) + 1`` tokens (ngram: at most what the lookup found, plus one)
+and pays ``T(k)`` from a table of iteration costs, measured once in the loop
+(``--measure``) or given (``--costs``). Tokens per unit of cost, against the best constant k in
+hindsight and a per-iteration oracle, say how well a k choice follows the acceptance, with the
+same costs for every contender and no noise between runs. The row acceptance model of
+``cost-aware`` (``specdec/policies/cost_aware.py``: decayed per-row counts on a pooled Beta prior,
+the geometric expected tokens, the k of the best goodput) is replayed at several ``alpha_decay``
+values; its probes and cost fits are not (the costs are given).
+
+    OMP_NUM_THREADS=1 python benchmarks/lookahead_replay.py [--drafter model|ngram] [--prompts 16] \
+        [--max-new-tokens 128] [--measure | --costs 1,1.3,1.5,...] [--decays 0.7,0.8,0.9,0.95]
+
+Sampled decoding does not replay this way: acceptance there is a coin flipped per position.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from specdec import SpeculativeDecoder  # noqa: E402
+from specdec.config import SpecdecConfig  # noqa: E402
+from specdec.drafters import ModelDrafter, NGramDrafter  # noqa: E402
+from specdec.policies import ConstantLookahead  # noqa: E402
+from specdec.policies.cost_aware import expected_tokens  # noqa: E402
+
+
+def accepted_runs(target, draft, tokens: list[int], prompt_len: int, drafter: str, max_k: int) -> list[tuple[int, int]]:
+    """For each committed length L from the prompt on: (drafts the drafter offers at L, of those the
+    target accepts in a row), the offer capped at ``max_k``."""
+    out = []
+    if drafter == "model":
+        with torch.no_grad():
+            guess = draft(torch.tensor([tokens])).logits[0].argmax(-1).tolist()  # guess[j]: token j + 1
+        match = [guess[j - 1] == tokens[j] for j in range(len(tokens))]
+        for length in range(prompt_len, len(tokens)):
+            run = 0
+            while length + run < len(tokens) and run < max_k and match[length + run]:
+                run += 1
+            out.append((max_k, run))
+        return out
+    lookup = NGramDrafter(max_ngram=3)
+    for length in range(prompt_len, len(tokens)):
+        text = torch.tensor(tokens[:length], dtype=torch.int64).numpy().tobytes()
+        follow = lookup._follow(text, 8)
+        proposal = [] if follow is None else tokens[follow : min(follow + max_k, length)]
+        run = 0
+        while run < len(proposal) and length + run < len(tokens) and proposal[run] == tokens[length + run]:
+            run += 1
+        out.append((len(proposal), run))
+    return out
+
+
+def replay(records, costs: list[float], choose) -> tuple[float, float, int]:
+    """Tokens and cost of decoding every record with ``choose(request, state) -> k``; returns
+    (tokens, cost, iterations)."""
+    tokens = cost = iterations = 0
+    for request, runs in enumerate(records):
+        position, state = 0, choose.begin() if hasattr(choose, "begin") else None
+        while position < len(runs):
+            budget = len(runs) - position - 1
+            k = min(choose(state), budget)
+            offered, run = runs[position]
+            drafted = min(offered, k)
+            accepted = min(run, drafted)
+            if hasattr(choose, "observe"):
+                choose.observe(state, k, drafted, accepted)
+            position += accepted + 1
+            tokens += accepted + 1
+            cost += costs[k]
+            iterations += 1
+    return tokens, cost, iterations
+
+
+class RowModel:
+    """cost-aware's acceptance model and choice for one row (batch 1), at a given ``alpha_decay``:
+    its first iteration drafts ``initial_k``, and out of plain steps it probes the best speculative k
+    for two iterations every ``1 / probe_rate`` iterations (the policy's back-off is left out)."""
+
+    def __init__(self, costs, decay, max_k, prior_alpha=0.5, strength=4.0, initial_k=4, probe_rate=1 / 32):
+        self.costs, self.decay, self.max_k = costs, decay, max_k
+        self.prior_alpha, self.strength = prior_alpha, strength
+        self.initial_k, self.probe_rate = initial_k, probe_rate
+        self.pool = [0.0, 0.0]
+        self.credit, self.probe_left, self.started = 0.0, 0, False
+
+    def begin(self):
+        return [0.0, 0.0]
+
+    def __call__(self, row):
+        if not self.started:
+            self.started = True
+            return self.initial_k
+        success, failure = self.pool
+        pooled = (success + self.strength * self.prior_alpha) / (success + failure + self.strength)
+        alpha = (row[0] + self.strength * pooled) / (row[0] + row[1] + self.strength)
+        alpha = min(max(alpha, 1e-3), 1 - 1e-3)
+        gains = {k: float(expected_tokens(alpha, k)) / self.costs[k] for k in range(0, self.max_k + 1)}
+        best = max(gains, key=lambda k: (gains[k], -k))
+        drafting = max(range(1, self.max_k + 1), key=lambda k: gains[k])
+        if self.probe_left:
+            self.probe_left -= 1
+            return drafting
+        self.credit += self.probe_rate
+        if best == 0 and self.credit >= 1:
+            self.credit -= 1
+            self.probe_left = 1
+            return drafting
+        return best
+
+    def observe(self, row, asked, drafted, accepted):
+        row[0] *= self.decay
+        row[1] *= self.decay
+        if asked > 0:
+            rejected = 1.0 if drafted == 0 or accepted < drafted else 0.0
+            row[0] += accepted
+            row[1] += rejected
+            pool_decay = self.decay ** (1 / 16)
+            self.pool[0] = self.pool[0] * pool_decay + accepted
+            self.pool[1] = self.pool[1] * pool_decay + rejected
+
+
+def oracle_rate(records, costs, max_k) -> float:
+    """The best tokens per cost any k sequence reaches (dynamic programming per record, then the
+    best common rate by bisection on lambda: maximise tokens - lambda * cost)."""
+    def best(lam):
+        total_tokens = total_cost = 0.0
+        for runs in records:
+            n = len(runs)
+            value = [0.0] * (n + 1)  # best tokens - lam * cost from position i to the end
+            choice = [(0, 0.0)] * (n + 1)
+            for i in range(n - 1, -1, -1):
+                offered, run = runs[i]
+                options = []
+                for k in range(0, min(max_k, n - i - 1) + 1):
+                    step = min(run, min(offered, k)) + 1
+                    options.append((step - lam * costs[k] + value[min(i + step, n)], step, costs[k]))
+                value[i], step, c = max(options)
+                choice[i] = (step, c)
+            i = 0
+            while i < n:
+                step, c = choice[i]
+                total_tokens += step
+                total_cost += c
+                i += step
+        return total_tokens, total_cost
+    low, high = 0.0, 10.0
+    for _ in range(40):
+        lam = (low + high) / 2
+        t, c = best(lam)
+        low, high = (lam, high) if t - lam * c > 0 else (low, lam)
+    t, c = best(low)
+    return t / c
+
+
+def measure_costs(target, draft, tokenizer, prompts, drafter, max_k, new_tokens) -> list[float]:
+    """Seconds per iteration at each constant k (k = 0: specdec's plain step), in plain steps; the best
+    of two passes, each iteration carrying its share of the prompts' prefill (a little more at a
+    larger k, which takes fewer iterations)."""
+    encoded = [tokenizer([p], return_tensors="pt") for p in prompts]
+    seconds = []
+    for k in range(0, max_k + 1):
+        drafting = ModelDrafter(draft) if drafter == "model" else NGramDrafter(max_ngram=3)
+        decoder = SpeculativeDecoder(target=target, drafter=drafting, policy=ConstantLookahead(k=k))
+        best = math.inf
+        for _ in range(2):
+            start, iterations = time.perf_counter(), 0
+            for e in encoded:
+                out = decoder.generate(**e, max_new_tokens=new_tokens, do_sample=False)
+                iterations += out.stats.target_calls
+            best = min(best, (time.perf_counter() - start) / iterations)
+        seconds.append(best)
+    return [s / seconds[0] for s in seconds]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--drafter", default="model", choices=["model", "ngram"])
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--max-k", type=int, default=8)
+    parser.add_argument("--costs", default=None, help="T(0), T(1), ... T(max_k) in any unit (default: --measure)")
+    parser.add_argument("--measure", action="store_true", help="time the loop at every constant k on 4 prompts")
+    parser.add_argument("--decays", default="0.6,0.7,0.8,0.9,0.95")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    config = SpecdecConfig.from_toml(ROOT / "plugins.toml")
+    target, tokenizer = config.load_target()
+    from transformers import AutoModelForCausalLM
+
+    draft = AutoModelForCausalLM.from_pretrained(ROOT / "models/python-pair/draft")
+    prompts = [json.loads(line)["prompt"] for line in open(ROOT / "models/python-pair/prompts.jsonl")][: args.prompts]
+    if args.costs:
+        costs = [float(c) for c in args.costs.split(",")]
+        if len(costs) != args.max_k + 1:
+            parser.error(f"--costs needs {args.max_k + 1} values (k = 0 .. {args.max_k})")
+    else:
+        costs = measure_costs(target, draft, tokenizer, prompts[:4], args.drafter, args.max_k, 48)
+    print("costs (plain steps):", " ".join(f"k={k}:{c:.3f}" for k, c in enumerate(costs)), flush=True)
+    records = []
+    for prompt in prompts:
+        e = tokenizer([prompt], return_tensors="pt")
+        with torch.no_grad():
+            out = target.generate(**e, max_new_tokens=args.max_new_tokens, do_sample=False)[0].tolist()
+        eos = target.generation_config.eos_token_id
+        end = len(out)
+        for j in range(e["input_ids"].shape[1], len(out)):
+            if out[j] == eos:
+                end = j + 1
+                break
+        records.append(accepted_runs(target, draft, out[:end], e["input_ids"].shape[1], args.drafter, args.max_k))
+    results = {}
+    for k in range(0, args.max_k + 1):
+        t, c, n = replay(records, costs, lambda state, k=k: k)
+        results[f"constant k={k}"] = dict(rate=t / c, tokens_per_call=t / n)
+    for decay in [float(d) for d in args.decays.split(",")]:
+        t, c, n = replay(records, costs, RowModel(costs, decay, args.max_k))
+        results[f"cost-aware model, alpha_decay {decay}"] = dict(rate=t / c, tokens_per_call=t / n)
+    results["oracle"] = dict(rate=oracle_rate(records, costs, args.max_k), tokens_per_call=None)
+    best_constant = max((n for n in results if n.startswith("constant")), key=lambda n: results[n]["rate"])
+    print(f"{args.drafter}, {len(records)} prompts, {sum(len(r) for r in records)} new tokens; best constant: {best_constant}")
+    for name, r in results.items():
+        per_call = "" if r["tokens_per_call"] is None else f"  tokens/call {r['tokens_per_call']:.2f}"
+        print(f"  {name:36s} speedup {r['rate']:.3f}  vs best constant {r['rate'] / results[best_constant]['rate']:.3f}{per_call}")
+    if args.json:
+        args.json.write_text(json.dumps(dict(costs=costs, results=results), indent=1))
+
+
+if __name__ == "__main__":
+    main()
