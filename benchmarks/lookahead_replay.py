@@ -13,10 +13,16 @@ hindsight and a per-iteration oracle, say how well a k choice follows the accept
 same costs for every contender and no noise between runs. The row acceptance model of
 ``cost-aware`` (``specdec/policies/cost_aware.py``: decayed per-row counts on a pooled Beta prior,
 the geometric expected tokens, the k of the best goodput) is replayed at several ``alpha_decay``
-values; its probes and cost fits are not (the costs are given).
+values; its probes and cost fits are not (the costs are given). ``draft-confidence`` at fixed
+thresholds (model drafter) replays too: a row drafts while its latest token's draft probability
+stays at or above the threshold (that token still proposed), up to ``--max-k``, and pays ``T(m)`` for
+the m it drafted. The probabilities are the teacher-forced pass's, which are the draft's own up to
+its first rejected token; after it they are an approximation, which moves only how many doomed drafts
+an iteration pays for, never what it accepts.
 
     OMP_NUM_THREADS=1 python benchmarks/lookahead_replay.py [--drafter model|ngram] [--prompts 16] \
-        [--max-new-tokens 128] [--measure | --costs 1,1.3,1.5,...] [--decays 0.7,0.8,0.9,0.95]
+        [--max-new-tokens 128] [--measure | --costs 1,1.3,1.5,...] [--decays 0.7,0.8,0.9,0.95] \
+        [--thresholds 0.3,0.5,0.7]
 
 Sampled decoding does not replay this way: acceptance there is a coin flipped per position.
 """
@@ -42,19 +48,21 @@ from specdec.policies import ConstantLookahead  # noqa: E402
 from specdec.policies.cost_aware import expected_tokens  # noqa: E402
 
 
-def accepted_runs(target, draft, tokens: list[int], prompt_len: int, drafter: str, max_k: int) -> list[tuple[int, int]]:
+def accepted_runs(target, draft, tokens: list[int], prompt_len: int, drafter: str, max_k: int) -> list[tuple]:
     """For each committed length L from the prompt on: (drafts the drafter offers at L, of those the
-    target accepts in a row), the offer capped at ``max_k``."""
+    target accepts in a row, the draft's probability of each token it offers or None), the offer
+    capped at ``max_k``."""
     out = []
     if drafter == "model":
         with torch.no_grad():
-            guess = draft(torch.tensor([tokens])).logits[0].argmax(-1).tolist()  # guess[j]: token j + 1
+            probs = draft(torch.tensor([tokens])).logits[0].float().softmax(-1)  # [T, V]: row j guesses token j + 1
+        confidence, guess = (values.tolist() for values in probs.max(-1))
         match = [guess[j - 1] == tokens[j] for j in range(len(tokens))]
         for length in range(prompt_len, len(tokens)):
             run = 0
             while length + run < len(tokens) and run < max_k and match[length + run]:
                 run += 1
-            out.append((max_k, run))
+            out.append((max_k, run, confidence[length - 1 : length - 1 + max_k]))
         return out
     lookup = NGramDrafter(max_ngram=3)
     for length in range(prompt_len, len(tokens)):
@@ -64,21 +72,23 @@ def accepted_runs(target, draft, tokens: list[int], prompt_len: int, drafter: st
         run = 0
         while run < len(proposal) and length + run < len(tokens) and proposal[run] == tokens[length + run]:
             run += 1
-        out.append((len(proposal), run))
+        out.append((len(proposal), run, None))
     return out
 
 
 def replay(records, costs: list[float], choose) -> tuple[float, float, int]:
-    """Tokens and cost of decoding every record with ``choose(request, state) -> k``; returns
-    (tokens, cost, iterations)."""
+    """Tokens and cost of decoding every record with ``choose(state) -> k`` (``state``: what its
+    ``begin`` returns per request); returns (tokens, cost, iterations)."""
     tokens = cost = iterations = 0
     for request, runs in enumerate(records):
         position, state = 0, choose.begin() if hasattr(choose, "begin") else None
         while position < len(runs):
             budget = len(runs) - position - 1
             k = min(choose(state), budget)
-            offered, run = runs[position]
+            offered, run, confidence = runs[position]
             drafted = min(offered, k)
+            if hasattr(choose, "stop"):  # a confidence rule: it pays for the drafts it made
+                drafted = k = choose.stop(confidence, drafted)
             accepted = min(run, drafted)
             if hasattr(choose, "observe"):
                 choose.observe(state, k, drafted, accepted)
@@ -87,6 +97,22 @@ def replay(records, costs: list[float], choose) -> tuple[float, float, int]:
             cost += costs[k]
             iterations += 1
     return tokens, cost, iterations
+
+
+class Confidence:
+    """``draft-confidence`` at a fixed threshold, capped at ``max_k``."""
+
+    def __init__(self, threshold, max_k):
+        self.threshold, self.max_k = threshold, max_k
+
+    def __call__(self, state):
+        return self.max_k
+
+    def stop(self, confidence, drafted):
+        for j in range(drafted):
+            if confidence[j] < self.threshold:
+                return j + 1  # the doubtful token is still proposed
+        return drafted
 
 
 class RowModel:
@@ -147,7 +173,7 @@ def oracle_rate(records, costs, max_k) -> float:
             value = [0.0] * (n + 1)  # best tokens - lam * cost from position i to the end
             choice = [(0, 0.0)] * (n + 1)
             for i in range(n - 1, -1, -1):
-                offered, run = runs[i]
+                offered, run, _ = runs[i]
                 options = []
                 for k in range(0, min(max_k, n - i - 1) + 1):
                     step = min(run, min(offered, k)) + 1
@@ -199,6 +225,8 @@ def main():
     parser.add_argument("--costs", default=None, help="T(0), T(1), ... T(max_k) in any unit (default: --measure)")
     parser.add_argument("--measure", action="store_true", help="time the loop at every constant k on 4 prompts")
     parser.add_argument("--decays", default="0.6,0.7,0.8,0.9,0.95")
+    parser.add_argument("--thresholds", default="0.2,0.3,0.4,0.5,0.6,0.7,0.8",
+                        help="draft-confidence thresholds to replay (model drafter)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -234,6 +262,10 @@ def main():
     for decay in [float(d) for d in args.decays.split(",")]:
         t, c, n = replay(records, costs, RowModel(costs, decay, args.max_k))
         results[f"cost-aware model, alpha_decay {decay}"] = dict(rate=t / c, tokens_per_call=t / n)
+    if args.drafter == "model":
+        for threshold in [float(t) for t in args.thresholds.split(",")]:
+            t, c, n = replay(records, costs, Confidence(threshold, args.max_k))
+            results[f"draft-confidence {threshold}"] = dict(rate=t / c, tokens_per_call=t / n)
     results["oracle"] = dict(rate=oracle_rate(records, costs, args.max_k), tokens_per_call=None)
     best_constant = max((n for n in results if n.startswith("constant")), key=lambda n: results[n]["rate"])
     print(f"{args.drafter}, {len(records)} prompts, {sum(len(r) for r in records)} new tokens; best constant: {best_constant}")
