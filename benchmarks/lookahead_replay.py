@@ -10,10 +10,10 @@ it picks k, commits ``min(run, k) + 1`` tokens (ngram: at most what the lookup f
 and pays ``T(k)`` from a table of iteration costs, measured once in the loop
 (``--measure``) or given (``--costs``). Tokens per unit of cost, against the best constant k in
 hindsight and a per-iteration oracle, say how well a k choice follows the acceptance, with the
-same costs for every contender and no noise between runs. The row acceptance model of
-``cost-aware`` (``specdec/policies/cost_aware.py``: decayed per-row counts on a pooled Beta prior,
-the geometric expected tokens, the k of the best goodput) is replayed at several ``alpha_decay``
-values; its probes and cost fits are not (the costs are given). ``draft-confidence`` at fixed
+same costs for every contender and no noise between runs. ``cost-aware`` itself is replayed (at
+several ``alpha_decay`` values), driven through its hooks with a clock that advances by each
+iteration's cost from the table: its cost fit, acceptance estimate, exploration and probes are the
+policy's own. ``draft-confidence`` at fixed
 thresholds (model drafter) replays too: a row drafts while its latest token's draft probability
 stays at or above the threshold (that token still proposed), up to ``--max-k``, and pays ``T(m)`` for
 the m it drafted. The probabilities are the teacher-forced pass's, which are the draft's own up to
@@ -35,6 +35,7 @@ import math
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -44,11 +45,11 @@ sys.path.insert(0, str(ROOT))
 from specdec import SpeculativeDecoder  # noqa: E402
 from specdec.config import SpecdecConfig  # noqa: E402
 from specdec.drafters import ModelDrafter, NGramDrafter  # noqa: E402
-from specdec.policies import ConstantLookahead  # noqa: E402
-from specdec.policies.cost_aware import expected_tokens  # noqa: E402
+from specdec.policies import ConstantLookahead, CostAwareLookahead  # noqa: E402
+from specdec.policies.draft_confidence import confident  # noqa: E402
 
 
-def accepted_runs(target, draft, tokens: list[int], prompt_len: int, drafter: str, max_k: int) -> list[tuple]:
+def accepted_runs(draft, tokens: list[int], prompt_len: int, drafter: str, max_k: int) -> list[tuple]:
     """For each committed length L from the prompt on: (drafts the drafter offers at L, of those the
     target accepts in a row, the draft's probability of each token it offers or None), the offer
     capped at ``max_k``."""
@@ -76,22 +77,23 @@ def accepted_runs(target, draft, tokens: list[int], prompt_len: int, drafter: st
     return out
 
 
-def replay(records, costs: list[float], choose) -> tuple[float, float, int]:
-    """Tokens and cost of decoding every record with ``choose(state) -> k`` (``state``: what its
-    ``begin`` returns per request); returns (tokens, cost, iterations)."""
+def replay(records, costs: list[float], policy) -> tuple[float, float, int]:
+    """Tokens and cost of decoding every record with ``policy`` (``begin()`` per request, then per
+    iteration ``lookahead(budget) -> k``, ``width(confidence, drafted)`` where it stops drafts itself,
+    and ``observe(k, drafted, accepted, seconds)``); returns (tokens, cost, iterations)."""
     tokens = cost = iterations = 0
-    for request, runs in enumerate(records):
-        position, state = 0, choose.begin() if hasattr(choose, "begin") else None
+    for runs in records:
+        position = 0
+        policy.begin()
         while position < len(runs):
-            budget = len(runs) - position - 1
-            k = min(choose(state), budget)
+            budget = len(runs) - position - 1  # drafts the row may still make
+            k = min(policy.lookahead(budget), budget)
             offered, run, confidence = runs[position]
-            drafted = min(offered, k)
-            if hasattr(choose, "stop"):  # a confidence rule: it pays for the drafts it made
-                drafted = k = choose.stop(confidence, drafted)
+            drafted = policy.width(confidence, min(offered, k))
+            if policy.pays_for_width:  # a confidence stop: the width it drafted, not its cap
+                k = drafted
             accepted = min(run, drafted)
-            if hasattr(choose, "observe"):
-                choose.observe(state, k, drafted, accepted)
+            policy.observe(k, drafted, accepted, costs[k])
             position += accepted + 1
             tokens += accepted + 1
             cost += costs[k]
@@ -99,68 +101,70 @@ def replay(records, costs: list[float], choose) -> tuple[float, float, int]:
     return tokens, cost, iterations
 
 
-class Confidence:
-    """``draft-confidence`` at a fixed threshold, capped at ``max_k``."""
+class Constant:
+    """A constant k."""
 
-    def __init__(self, threshold, max_k):
-        self.threshold, self.max_k = threshold, max_k
+    pays_for_width = False
 
-    def __call__(self, state):
-        return self.max_k
+    def __init__(self, k):
+        self.k = k
 
-    def stop(self, confidence, drafted):
+    def begin(self):
+        pass
+
+    def lookahead(self, budget):
+        return self.k
+
+    def width(self, confidence, drafted):
+        return drafted
+
+    def observe(self, k, drafted, accepted, seconds):
+        pass
+
+
+class Confidence(Constant):
+    """``draft-confidence`` at a fixed threshold (its own rule, ``confident``), capped at ``k``."""
+
+    pays_for_width = True
+
+    def __init__(self, threshold, k):
+        super().__init__(k)
+        self.threshold = threshold
+
+    def width(self, confidence, drafted):
         for j in range(drafted):
-            if confidence[j] < self.threshold:
+            if not confident(torch.tensor(confidence[j]), self.threshold):
                 return j + 1  # the doubtful token is still proposed
         return drafted
 
 
-class RowModel:
-    """cost-aware's acceptance model and choice for one row (batch 1), at a given ``alpha_decay``:
-    its first iteration drafts ``initial_k``, and out of plain steps it probes the best speculative k
-    for two iterations every ``1 / probe_rate`` iterations (the policy's back-off is left out)."""
+class CostAware(Constant):
+    """The ``cost-aware`` policy itself, driven through its hooks on a one-row request whose clock
+    advances by each iteration's cost from the table: its own cost fit, acceptance estimate, initial
+    exploration and probes, with no timing noise."""
 
-    def __init__(self, costs, decay, max_k, prior_alpha=0.5, strength=4.0, initial_k=4, probe_rate=1 / 32):
-        self.costs, self.decay, self.max_k = costs, decay, max_k
-        self.prior_alpha, self.strength = prior_alpha, strength
-        self.initial_k, self.probe_rate = initial_k, probe_rate
-        self.pool = [0.0, 0.0]
-        self.credit, self.probe_left, self.started = 0.0, 0, False
+    def __init__(self, **options):
+        self.now = 0.0
+        self.policy = CostAwareLookahead(clock=lambda: self.now, **options)
+        self.state = None
 
     def begin(self):
-        return [0.0, 0.0]
+        self.state = SimpleNamespace(batch_size=1, rows_host=torch.zeros(1, dtype=torch.long), row_cuts=0,
+                                     iteration=0, verify_alternatives=True, left=0)
+        self.state.remaining_host = lambda: torch.tensor([self.state.left])
+        self.policy.begin(self.state, None)
 
-    def __call__(self, row):
-        if not self.started:
-            self.started = True
-            return self.initial_k
-        success, failure = self.pool
-        pooled = (success + self.strength * self.prior_alpha) / (success + failure + self.strength)
-        alpha = (row[0] + self.strength * pooled) / (row[0] + row[1] + self.strength)
-        alpha = min(max(alpha, 1e-3), 1 - 1e-3)
-        gains = {k: float(expected_tokens(alpha, k)) / self.costs[k] for k in range(0, self.max_k + 1)}
-        best = max(gains, key=lambda k: (gains[k], -k))
-        drafting = max(range(1, self.max_k + 1), key=lambda k: gains[k])
-        if self.probe_left:
-            self.probe_left -= 1
-            return drafting
-        self.credit += self.probe_rate
-        if best == 0 and self.credit >= 1:
-            self.credit -= 1
-            self.probe_left = 1
-            return drafting
-        return best
+    def lookahead(self, budget):
+        self.state.left = budget + 1  # tokens the row may still commit
+        return int(self.policy.lookahead(self.state)[0])
 
-    def observe(self, row, asked, drafted, accepted):
-        row[0] *= self.decay
-        row[1] *= self.decay
-        if asked > 0:
-            rejected = 1.0 if drafted == 0 or accepted < drafted else 0.0
-            row[0] += accepted
-            row[1] += rejected
-            pool_decay = self.decay ** (1 / 16)
-            self.pool[0] = self.pool[0] * pool_decay + accepted
-            self.pool[1] = self.pool[1] * pool_decay + rejected
+    def observe(self, k, drafted, accepted, seconds):
+        self.now += seconds
+        self.policy.on_step(self.state, SimpleNamespace(
+            rows_host=self.state.rows_host, drafted_host=torch.tensor([drafted]),
+            accepted_host=torch.tensor([accepted]), appended_host=torch.tensor([accepted + 1]),
+            draft=SimpleNamespace(alternatives=None, width=drafted)))
+        self.state.iteration += 1
 
 
 def oracle_rate(records, costs, max_k) -> float:
@@ -254,14 +258,14 @@ def main():
             if out[j] == eos:
                 end = j + 1
                 break
-        records.append(accepted_runs(target, draft, out[:end], e["input_ids"].shape[1], args.drafter, args.max_k))
+        records.append(accepted_runs(draft, out[:end], e["input_ids"].shape[1], args.drafter, args.max_k))
     results = {}
     for k in range(0, args.max_k + 1):
-        t, c, n = replay(records, costs, lambda state, k=k: k)
+        t, c, n = replay(records, costs, Constant(k))
         results[f"constant k={k}"] = dict(rate=t / c, tokens_per_call=t / n)
     for decay in [float(d) for d in args.decays.split(",")]:
-        t, c, n = replay(records, costs, RowModel(costs, decay, args.max_k))
-        results[f"cost-aware model, alpha_decay {decay}"] = dict(rate=t / c, tokens_per_call=t / n)
+        t, c, n = replay(records, costs, CostAware(alpha_decay=decay, max_k=args.max_k))
+        results[f"cost-aware, alpha_decay {decay}"] = dict(rate=t / c, tokens_per_call=t / n)
     if args.drafter == "model":
         for threshold in [float(t) for t in args.thresholds.split(",")]:
             t, c, n = replay(records, costs, Confidence(threshold, args.max_k))
