@@ -93,6 +93,40 @@ class TestCostModel:
         costs = fit.costs([0, 1, 2, 8])
         assert costs == pytest.approx({0: 8.0, 1: 12.0, 2: 14.0, 8: 26.0})  # a + b k on k >= 1; T(0) measured
 
+    def test_a_k_measured_off_the_line_keeps_its_own_cost(self):
+        """Costs that are not a line (a verify width that falls on a cheap kernel, one that jumps):
+        each observed k is its own cell, pulled towards the line by ``CELL_PRIOR`` observations'
+        worth; an unobserved k is the line's."""
+        fit = CostFit(log_batch=0.0)
+        table = {0: 10.0, 1: 16.0, 2: 17.7, 4: 21.3, 5: 28.0}  # k = 4 cheap, k = 5 a jump
+        for _ in range(30):
+            for k, seconds in table.items():
+                fit.add(k, seconds, decay=1.0)
+        a, b = CostFit._line(fit._cells(1e-3, speculative_only=True))
+        costs = fit.costs([0, 1, 2, 3, 4, 5])
+        for k in (1, 2, 4, 5):
+            shrunk = (30 * table[k] + CostFit.CELL_PRIOR * (a + b * k)) / (30 + CostFit.CELL_PRIOR)
+            assert costs[k] == pytest.approx(shrunk)
+        assert costs[3] == pytest.approx(a + b * 3)
+        assert costs[4] < a + b * 4 and costs[5] > a + b * 5  # the line alone would hide both
+        once = CostFit(log_batch=0.0)  # a cell seen once weighs a third against the line (prior 2)
+        for k, seconds in [(1, 10.0), (3, 14.0), (5, 18.0)]:
+            for _ in range(20):
+                once.add(k, seconds, decay=1.0)
+        once.add(2, 30.0, decay=1.0)
+        line = CostFit._line(once._cells(1e-3))
+        assert once.costs([2])[2] == pytest.approx((30.0 + CostFit.CELL_PRIOR * (line[0] + 2 * line[1])) / (1 + CostFit.CELL_PRIOR))
+
+    def test_the_choice_follows_a_cheap_k_off_the_line(self):
+        """The bundled pair's model drafter on the Zen 3 EPYC (stop 27): k = 4 costs 2.13 plain
+        steps and k = 5 2.80. A line through every k hides k = 4's bargain; its own cell finds it."""
+        table = {0: 1.0, 1: 1.595, 2: 1.774, 3: 2.038, 4: 2.133, 5: 2.798, 6: 2.947, 7: 3.080, 8: 3.190}
+        policy = fed(CostAwareLookahead(max_k=8), 1, table, repeats=20)
+        for alpha in (0.75, 0.85):  # the line says k = 3 and k = 5
+            decision = policy.choose(1, torch.tensor([alpha]), torch.tensor([100]))
+            rates = {k: float(expected_tokens(alpha, k)) / seconds for k, seconds in table.items()}
+            assert decision.k == max(rates, key=rates.get) == 4
+
     def test_fit_needs_two_distinct_k(self):
         fit = CostFit(log_batch=0.0)
         fit.add(4, 1.0, decay=0.9)

@@ -6,9 +6,15 @@ forward passes and no host syncs of its own:
 * **Cost.** The wall time of an iteration, from its ``lookahead`` to the next one (spanning the
   loop's one per-iteration sync, so on a GPU it includes the device work, and the drafter's cache
   bookkeeping that runs after ``on_step``), is recorded against the batch size B and the
-  lookahead k the loop asked for. Per batch-size bucket the policy
-  fits ``T(B, k) = a_B + b_B k`` on k >= 1 by recency-weighted least squares (every observation's
-  weight decays by ``decay`` per newer observation in its bucket); T(B, 0), a plain target step, is
+  lookahead k the loop asked for. Per batch-size bucket the policy keeps each k's recency-weighted
+  mean (every observation's weight decays by ``decay`` per newer observation in its bucket) and
+  fits ``T(B, k) = a_B + b_B k`` through the k >= 1 means by weighted least squares. A k's cost is
+  its own mean pulled towards the line by ``CostFit.CELL_PRIOR`` observations' worth, and the
+  line's where that k was never run: costs by width are not a line on a CPU (on the Zen 3 EPYC of
+  stop 27 a 4-token draft and verify cost 2.13 plain steps and a 5-token one 2.80), and a line
+  through them cost the policy 5% (model drafter) and 13% (n-gram) against the best constant k in
+  a noise-free replay (``benchmarks/lookahead_replay.py``; 0.4% above and 5.6% below with the cells,
+  ``docs/benchmarks.md``, stop 28). T(B, 0), a plain target step, is
   its own measured mean, because drafting at all has a fixed price (the drafter's call and its
   catch-up, the wider verify) that a line through k = 0 would smear over every k. The first iteration of a request (it
   includes the prompt's prefill) is not recorded, nor one in which a model's cache was cut to fewer
@@ -190,14 +196,18 @@ def _add_decayed(weight: dict, mean: dict, key, value: float, decay: float) -> N
 
 @attrs.define
 class CostFit:
-    """Recency-weighted observations of one batch-size bucket, kept as per-k weighted means:
-    weighted least squares on (k, mean time) with the cells' weights is the same fit as on every
-    observation with its own weight."""
+    """Recency-weighted observations of one batch-size bucket, kept as per-k weighted means (the
+    cells): weighted least squares on (k, mean time) with the cells' weights is the same fit as on
+    every observation with its own weight, and a k's cost is its cell shrunk towards that line."""
 
     log_batch: float
     weight: dict[int, float] = attrs.field(factory=dict)  # k -> sum of decayed weights
     mean: dict[int, float] = attrs.field(factory=dict)  # k -> weighted mean seconds (at load 1)
     load: float = 1.0  # how much slower than the cells every iteration runs now (shared machines)
+
+    # A k's own cell weighs against the line's prediction for it as if the line were this many
+    # observations of k.
+    CELL_PRIOR = 2.0
 
     def add(self, k: int, seconds: float, decay: float, load_rate: float = 0.0) -> None:
         """Record an iteration of lookahead ``k`` that took ``seconds``.
@@ -241,7 +251,8 @@ class CostFit:
         Drafting at all has a fixed price (the drafter's call and its catch-up on the committed
         tokens, the wider verify), so T(0) is the k = 0 cell's own mean when it was observed and
         the line ``a + b k`` is fitted on the k >= 1 cells when two of them were; otherwise one
-        line through every cell."""
+        line through every cell. A k >= 1 with a cell of weight w costs ``(w mean + CELL_PRIOR
+        line) / (w + CELL_PRIOR)``; one without, the line's ``a + b k``."""
         cells = self._cells(floor)
         everything = self._line(cells)
         if everything is None:
@@ -249,7 +260,16 @@ class CostFit:
         speculative = self._line(self._cells(floor, speculative_only=True)) or everything
         plain = self.mean[0] if self.weight.get(0, 0.0) > floor else everything[0]
         a, b = speculative
-        return {k: plain if k == 0 else a + b * k for k in ks}
+        out = {}
+        for k in ks:
+            line, weight = a + b * k, self.weight.get(k, 0.0)
+            if k == 0:
+                out[k] = plain
+            elif weight > floor:
+                out[k] = (weight * self.mean[k] + self.CELL_PRIOR * line) / (weight + self.CELL_PRIOR)
+            else:
+                out[k] = line
+        return out
 
     def single(self) -> tuple[int, float] | None:
         """The one k observed (weight above zero) and its mean time, when there is exactly one."""
