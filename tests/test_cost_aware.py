@@ -663,31 +663,6 @@ def test_where_drafting_pays_only_without_its_catch_up_the_policy_stays_in_the_m
     assert policy.decision.k > 0
 
 
-def test_the_price_of_resuming_is_spread_over_the_drafted_iterations_it_buys():
-    """The catch-up is paid once per return from plain steps, for as many drafted iterations in a row
-    as the policy then runs, measured: after stretches of 4, the 4 s catch-up of the test above adds
-    1 s to each, and k = 4 (5 tokens in 4 s against 1 token a second) pays out of plain steps too."""
-    policy, fit, state, now = after_a_plain_step(probe_rate=0.0)
-    policy._resume[1] = [1.0, 4.0]
-    policy._stretch[1] = [1.0, 4.0]
-    policy.plan(state, alpha=torch.tensor([0.99]))
-    warm = fit.costs(list(range(policy.max_k + 1)))
-    assert policy.decision.costs == pytest.approx({kk: c + (1.0 if kk else 0.0) for kk, c in warm.items()})
-    assert policy.decision.k > 0
-
-
-def test_drafted_stretches_are_counted_between_plain_steps():
-    policy, fit, state, now = after_a_plain_step(probe_rate=0.0)
-    for alpha in [0.99, 0.99, 0.99, 0.01, 0.01, 0.99, 0.01]:  # drafts 3, plain 2, drafts 1, plain
-        policy.plan(state, alpha=torch.tensor([alpha]))
-        assert (policy.decision.k > 0) == (alpha > 0.5)
-        policy._pending = None  # untimed: the fit stays as fed
-        state.iteration += 1
-    weight, mean = policy._stretch[1]
-    assert weight == pytest.approx(0.9 + 1.0) and mean == pytest.approx((0.9 * 3 + 1) / 1.9)
-    assert policy._stretch_length(1) == pytest.approx(mean) and policy._stretch_length(4) == 1.0
-
-
 def test_a_probes_catch_up_is_the_price_of_resuming_too():
     """The same 4 s catch-up after a probe out of plain steps: it is what resuming costs, whoever
     chose it; charged to no cell of the fit."""

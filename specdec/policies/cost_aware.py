@@ -82,14 +82,8 @@ forward passes and no host syncs of its own:
   one that did not costs more than a drafted iteration in a run of them. It is not recorded as k
   (a probe out of plain steps therefore drafts twice: the first pays the catch-up, the second is
   timed); what it took beyond the fit's k is kept per batch-size bucket as the price of resuming,
-  and added to every k >= 1 when the iteration before was a plain step, spread over the drafted
-  iterations in a row that a return from plain steps has bought in this bucket (a decayed mean of
-  the stretches between plain steps, 1 before any): the catch-up is paid once per stretch, not
-  once per iteration. So the policy leaves plain steps only where drafting pays with its
-  catch-up, and keeps drafting where it pays without. Charged whole to the one iteration that
-  resumes (stops 21-27), a catch-up of a third of a plain step kept the bundled pair's sampled
-  batch-1 cell in plain steps for whole passes in 13 of 40 (k = 3 ran 1.09x, the policy 0.83x);
-  spread, in 1 of 40 (``docs/benchmarks.md``, stop 28). It
+  and added to every k >= 1 when the iteration before was a plain step. So the policy leaves plain
+  steps only where drafting pays with its catch-up, and keeps drafting where it pays without. It
   replaced charging the catch-up to the plain-step cell (stops 12-20), which made plain steps look
   dearer than they are: on SmolLM2 at batch 4, on an AMD EPYC, the fit put a k = 1 iteration at
   1.48 plain steps where it took 1.68, every k = 1 it chose lost, and the policy ran 0.94x of its
@@ -402,10 +396,6 @@ class CostAwareLookahead(LookaheadPolicy):
     # bucket -> [decayed weight, mean seconds] an iteration that drafts after a plain one takes beyond
     # the fit's k: the drafter's catch-up, the price of resuming (kept across requests, like the fits)
     _resume: dict[int, list[float]] = attrs.field(factory=dict, init=False, repr=False)
-    # bucket -> [decayed weight, mean] drafted iterations in a row, between two plain steps: what one
-    # resume's price is spread over
-    _stretch: dict[int, list[float]] = attrs.field(factory=dict, init=False, repr=False)
-    _run: int = attrs.field(default=0, init=False, repr=False)  # drafted iterations in a row so far
     # bucket -> what first-position alternatives cost and buy there (kept across requests)
     _ledgers: dict[int, AlternativesLedger] = attrs.field(factory=dict, init=False, repr=False)
     _alt_pending: tuple | None = attrs.field(default=None, init=False, repr=False)  # (width, read) of the step in flight
@@ -528,15 +518,9 @@ class CostAwareLookahead(LookaheadPolicy):
         self._pending = None
         self._row_cuts = 0
         self._drafted = self._drafted_in_request = False
-        self._run = 0
         self._probe_next = None
         self._alt_pending = None
         self.requested = None
-
-    def _stretch_length(self, bucket: int) -> float:
-        """Drafted iterations in a row this bucket has run between plain steps (1 before any)."""
-        cell = self._stretch.get(bucket)
-        return max(cell[1], 1.0) if cell is not None else 1.0
 
     def choose(self, batch: int, alpha, budget) -> Decision:
         """The k for this iteration; ``alpha`` [B] is each row's acceptance and ``budget`` [B] how many
@@ -554,8 +538,7 @@ class CostAwareLookahead(LookaheadPolicy):
         warm = costs
         resume = self._resume.get(bucket_of(batch))
         if not self._drafted and resume is not None:  # drafting now first pays the drafter's catch-up
-            price = resume[1] / self._stretch_length(bucket_of(batch))
-            costs = {k: seconds + price if k > 0 else seconds for k, seconds in costs.items()}
+            costs = {k: seconds + resume[1] if k > 0 else seconds for k, seconds in costs.items()}
         gains = self.goodput(alpha, budget, costs)
         best = max(gains, key=lambda k: (gains[k], -k))
         if self._probe_next is not None:  # the timed half of a probe out of plain steps
@@ -620,13 +603,6 @@ class CostAwareLookahead(LookaheadPolicy):
         # would make look dear for the rest of the run (docs/benchmarks.md, stop 23).
         first = width > 0 and not self._drafted_in_request
         self._pending = (state.iteration, batch, width, now, self._drafted, first)
-        if width > 0:
-            self._run += 1
-        elif self._run:
-            cell = self._stretch.setdefault(bucket_of(batch), [0.0, 0.0])
-            cell[0] = cell[0] * 0.9 + 1.0
-            cell[1] += (self._run - cell[1]) / cell[0]
-            self._run = 0
         self._drafted = width > 0
         self._drafted_in_request = self._drafted_in_request or self._drafted
         return torch.full((batch,), k, dtype=torch.long)
