@@ -279,9 +279,8 @@ def cpu_name() -> str:
     try:
         with open("/proc/cpuinfo") as cpuinfo:
             return _cpu_name(cpuinfo.read())
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    except OSError:  # not Linux: the platform's own name
+        return _cpu_name("")
 
 
 def _cpu_name(cpuinfo: str) -> str:
