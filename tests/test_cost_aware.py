@@ -663,6 +663,40 @@ def test_where_drafting_pays_only_without_its_catch_up_the_policy_stays_in_the_m
     assert policy.decision.k > 0
 
 
+def test_the_price_of_resuming_is_spread_over_the_drafted_iterations_it_buys():
+    """The catch-up is paid once per return from plain steps, for as many drafted iterations in a row
+    as a return has lasted: after returns of 4, the 4 s catch-up of the test above adds 1 s to each,
+    and k = 4 (5 tokens in 4 s against 1 token a second) pays out of plain steps too."""
+    policy, fit, state, now = after_a_plain_step(probe_rate=0.0)
+    policy._resume[1] = [1.0, 4.0]
+    policy._stretch[1] = [1.0, 4.0]
+    policy.plan(state, alpha=torch.tensor([0.99]))
+    warm = fit.costs(list(range(policy.max_k + 1)))
+    assert policy.decision.costs == pytest.approx({kk: c + (1.0 if kk else 0.0) for kk, c in warm.items()})
+    assert policy.decision.k > 0
+
+
+def test_only_stretches_that_began_with_a_resume_are_counted():
+    """A request's first drafted stretch paid no catch-up and is not counted (on summaries it is long,
+    and would make resuming look cheap); a resumed one is, up to the next plain step or the end of
+    the request."""
+    policy = fed(CostAwareLookahead(load_rate=0.0, probe_rate=0.0), 1, {0: 1.0, 2: 2.0, 4: 3.0}, repeats=1)
+    state = fake_state(1)
+    policy.begin(state, None)
+    state.iteration = 0
+    # drafts 3 from the request's start, plain 2, drafts 1 (a resume), plain 1, drafts 2 (a resume)
+    for alpha in [0.99, 0.99, 0.99, 0.01, 0.01, 0.99, 0.01, 0.99, 0.99]:
+        policy.plan(state, alpha=torch.tensor([alpha]))
+        assert (policy.decision.k > 0) == (alpha > 0.5)
+        policy._pending = None  # untimed: the fit stays as fed
+        state.iteration += 1
+    assert policy._stretch[1] == pytest.approx([1.0, 1.0])  # the request's first stretch not counted
+    policy.begin(fake_state(1), None)  # the next request: the resumed stretch of 2 ended with the last
+    weight, mean = policy._stretch[1]
+    assert weight == pytest.approx(policy.decay + 1.0) and mean == pytest.approx((policy.decay * 1 + 2) / weight)
+    assert policy._stretch_length(1) == pytest.approx(mean) and policy._stretch_length(4) == 1.0
+
+
 def test_a_probes_catch_up_is_the_price_of_resuming_too():
     """The same 4 s catch-up after a probe out of plain steps: it is what resuming costs, whoever
     chose it; charged to no cell of the fit."""

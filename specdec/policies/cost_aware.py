@@ -81,9 +81,15 @@ forward passes and no host syncs of its own:
   prompt yet) first reads every token committed meanwhile, so an iteration that drafts right after
   one that did not costs more than a drafted iteration in a run of them. It is not recorded as k
   (a probe out of plain steps therefore drafts twice: the first pays the catch-up, the second is
-  timed); what it took beyond the fit's k is kept per batch-size bucket as the price of resuming,
-  and added to every k >= 1 when the iteration before was a plain step. So the policy leaves plain
-  steps only where drafting pays with its catch-up, and keeps drafting where it pays without. It
+  timed); what it took beyond the fit's k is kept per batch-size bucket as the price of resuming.
+  When the iteration before was a plain step, every k >= 1 pays it, spread over the drafted
+  iterations in a row that a resume has bought in this bucket (a decayed mean of the stretches that
+  began with a resume and ended at a plain step or the request's end; 1 before any: the price
+  whole). So the policy leaves plain steps where drafting pays with its catch-up, and keeps
+  drafting where it pays without. Charged whole (stops 21-28), a catch-up of a third of a plain
+  step held the bundled pair's sampled batch-1 cell in plain steps for whole passes, 13 and 6
+  of 40 in two runs; spread, 5 and 1 of 40 (``docs/benchmarks.md``, stop 29). A request's first drafted stretch does not
+  count: it paid no catch-up, and on summaries it is long. It
   replaced charging the catch-up to the plain-step cell (stops 12-20), which made plain steps look
   dearer than they are: on SmolLM2 at batch 4, on an AMD EPYC, the fit put a k = 1 iteration at
   1.48 plain steps where it took 1.68, every k = 1 it chose lost, and the policy ran 0.94x of its
@@ -396,6 +402,11 @@ class CostAwareLookahead(LookaheadPolicy):
     # bucket -> [decayed weight, mean seconds] an iteration that drafts after a plain one takes beyond
     # the fit's k: the drafter's catch-up, the price of resuming (kept across requests, like the fits)
     _resume: dict[int, list[float]] = attrs.field(factory=dict, init=False, repr=False)
+    # bucket -> [decayed weight, mean] drafted iterations in a row that a resume bought, up to the next
+    # plain step or the request's end: what one resume's price is spread over. Only stretches that
+    # began with a resume count; a request's first, which pays no catch-up, would make it look cheap.
+    _stretch: dict[int, list[float]] = attrs.field(factory=dict, init=False, repr=False)
+    _run: tuple[int, int] | None = attrs.field(default=None, init=False, repr=False)  # (bucket, iterations) since a resume
     # bucket -> what first-position alternatives cost and buy there (kept across requests)
     _ledgers: dict[int, AlternativesLedger] = attrs.field(factory=dict, init=False, repr=False)
     _alt_pending: tuple | None = attrs.field(default=None, init=False, repr=False)  # (width, read) of the step in flight
@@ -513,6 +524,7 @@ class CostAwareLookahead(LookaheadPolicy):
     # --- the hooks -------------------------------------------------------------------------------
 
     def begin(self, state, target) -> None:
+        self._end_stretch()
         self._success = [0.0] * state.batch_size
         self._failure = [0.0] * state.batch_size
         self._pending = None
@@ -538,7 +550,8 @@ class CostAwareLookahead(LookaheadPolicy):
         warm = costs
         resume = self._resume.get(bucket_of(batch))
         if not self._drafted and resume is not None:  # drafting now first pays the drafter's catch-up
-            costs = {k: seconds + resume[1] if k > 0 else seconds for k, seconds in costs.items()}
+            price = resume[1] / self._stretch_length(bucket_of(batch))  # once for the stretch it buys
+            costs = {k: seconds + price if k > 0 else seconds for k, seconds in costs.items()}
         gains = self.goodput(alpha, budget, costs)
         best = max(gains, key=lambda k: (gains[k], -k))
         if self._probe_next is not None:  # the timed half of a probe out of plain steps
@@ -603,9 +616,29 @@ class CostAwareLookahead(LookaheadPolicy):
         # would make look dear for the rest of the run (docs/benchmarks.md, stop 23).
         first = width > 0 and not self._drafted_in_request
         self._pending = (state.iteration, batch, width, now, self._drafted, first)
+        if width == 0:
+            self._end_stretch()
+        elif not self._drafted and self._drafted_in_request:  # a resume (the first drafting iteration reads the prompt)
+            self._run = (bucket_of(batch), 1)
+        elif self._run is not None:
+            self._run = (self._run[0], self._run[1] + 1)
         self._drafted = width > 0
         self._drafted_in_request = self._drafted_in_request or self._drafted
         return torch.full((batch,), k, dtype=torch.long)
+
+    def _stretch_length(self, bucket: int) -> float:
+        """Drafted iterations in a row a resume has bought in this bucket (1 before any)."""
+        cell = self._stretch.get(bucket)
+        return max(cell[1], 1.0) if cell is not None else 1.0
+
+    def _end_stretch(self) -> None:
+        """A stretch that began with a resume ends (a plain step, or the request's end)."""
+        if self._run is not None:
+            bucket, length = self._run
+            cell = self._stretch.setdefault(bucket, [0.0, 0.0])
+            cell[0] = cell[0] * self.decay + 1.0
+            cell[1] += (length - cell[1]) / cell[0]
+            self._run = None
 
     def _read_alternatives(self, batch: int, decision: Decision) -> bool:
         """Whether this iteration's verify reads the draft's first-position alternatives: while their
@@ -638,6 +671,10 @@ class CostAwareLookahead(LookaheadPolicy):
         if self._pending is not None:
             iteration, batch, _, started, warm, first = self._pending
             self._pending = (iteration, batch, width, started, warm, first)
+        if width == 0 and self._run is not None:  # this iteration was no part of the stretch
+            bucket, length = self._run
+            self._run = (bucket, length - 1) if length > 1 else None
+            self._end_stretch()
         self._drafted = width > 0
 
     def _record(self, iteration: int, now: float) -> None:
