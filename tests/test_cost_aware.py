@@ -697,6 +697,25 @@ def test_only_stretches_that_began_with_a_resume_are_counted():
     assert policy._stretch_length(1) == pytest.approx(mean) and policy._stretch_length(4) == 1.0
 
 
+def test_a_stretch_ends_where_a_confidence_stop_made_the_iteration_plain():
+    """A policy whose lookahead is only a cap (draft-confidence) reports the width it drafted through
+    ``time_at_width``: an iteration planned as drafting that drafted nothing ends the resumed stretch
+    before it; one that was the resume itself is no stretch at all."""
+    policy = fed(CostAwareLookahead(load_rate=0.0, probe_rate=0.0), 1, {0: 1.0, 2: 2.0, 4: 3.0}, repeats=1)
+    state = fake_state(1)
+    policy.begin(state, None)
+    state.iteration = 0
+    for alpha, width in [(0.99, None), (0.01, None), (0.99, None), (0.99, None), (0.99, 0), (0.01, None),
+                         (0.99, 0)]:  # first stretch, plain, a resume of 2 cut by a stop, plain, a resume stopped
+        policy.plan(state, alpha=torch.tensor([alpha]))
+        if width is not None:
+            policy.time_at_width(width)
+        policy._pending = None
+        state.iteration += 1
+    assert policy._stretch[1] == pytest.approx([1.0, 2.0])
+    assert policy._run is None
+
+
 def test_a_probes_catch_up_is_the_price_of_resuming_too():
     """The same 4 s catch-up after a probe out of plain steps: it is what resuming costs, whoever
     chose it; charged to no cell of the fit."""

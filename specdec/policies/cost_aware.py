@@ -88,8 +88,8 @@ forward passes and no host syncs of its own:
   whole). So the policy leaves plain steps where drafting pays with its catch-up, and keeps
   drafting where it pays without. Charged whole (stops 21-28), a catch-up of a third of a plain
   step held the bundled pair's sampled batch-1 cell in plain steps for whole passes, 13 and 6
-  of 40 in two runs; spread, 5 and 1 of 40 (``docs/benchmarks.md``, stop 29). A request's first drafted stretch does not
-  count: it paid no catch-up, and on summaries it is long. It
+  of 40 in two runs; spread, 5 and 1 of 40 (``docs/benchmarks.md``, stop 29). A request's first
+  drafted stretch does not count: it paid no catch-up, and on summaries it is long. It
   replaced charging the catch-up to the plain-step cell (stops 12-20), which made plain steps look
   dearer than they are: on SmolLM2 at batch 4, on an AMD EPYC, the fit put a k = 1 iteration at
   1.48 plain steps where it took 1.68, every k = 1 it chose lost, and the policy ran 0.94x of its
@@ -198,6 +198,12 @@ def _add_decayed(weight: dict, mean: dict, key, value: float, decay: float) -> N
     w, m = weight.get(key, 0.0), mean.get(key, 0.0)
     weight[key] = w + 1.0
     mean[key] = m + (value - m) / (w + 1.0)
+
+
+def _add_to_cell(cell: list[float], value: float, decay: float) -> None:
+    """One observation into ``cell`` = [decayed weight, weighted mean]."""
+    cell[0] = cell[0] * decay + 1.0
+    cell[1] += (value - cell[1]) / cell[0]
 
 
 @attrs.define
@@ -635,9 +641,7 @@ class CostAwareLookahead(LookaheadPolicy):
         """A stretch that began with a resume ends (a plain step, or the request's end)."""
         if self._run is not None:
             bucket, length = self._run
-            cell = self._stretch.setdefault(bucket, [0.0, 0.0])
-            cell[0] = cell[0] * self.decay + 1.0
-            cell[1] += (length - cell[1]) / cell[0]
+            _add_to_cell(self._stretch.setdefault(bucket, [0.0, 0.0]), length, self.decay)
             self._run = None
 
     def _read_alternatives(self, batch: int, decision: Decision) -> bool:
@@ -671,7 +675,7 @@ class CostAwareLookahead(LookaheadPolicy):
         if self._pending is not None:
             iteration, batch, _, started, warm, first = self._pending
             self._pending = (iteration, batch, width, started, warm, first)
-        if width == 0 and self._run is not None:  # this iteration was no part of the stretch
+        if width == 0 and self._run is not None:  # a plain step after all: the stretch ended before it
             bucket, length = self._run
             self._run = (bucket, length - 1) if length > 1 else None
             self._end_stretch()
@@ -713,9 +717,7 @@ class CostAwareLookahead(LookaheadPolicy):
         if costs is not None:
             # Not clipped at 0: a noisy negative excess cancels a noisy positive one.
             excess = seconds / fit.load - costs[width]
-            cell = self._resume.setdefault(bucket, [0.0, 0.0])
-            cell[0] = cell[0] * self.decay + 1.0
-            cell[1] += (excess - cell[1]) / cell[0]
+            _add_to_cell(self._resume.setdefault(bucket, [0.0, 0.0]), excess, self.decay)
 
     def on_step(self, state, step) -> None:
         requested = self.requested
