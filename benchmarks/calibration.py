@@ -14,15 +14,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import torch
 
-from specdec import SpeculativeDecoder
-from specdec.config import SpecdecConfig
-from specdec.drafters import ModelDrafter
-from specdec.training.classifier import _OracleRecorder
-from specdec.verifiers import GreedyVerifier, RejectionVerifier
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's specdec, not an installed copy
+
+from specdec import SpeculativeDecoder  # noqa: E402
+from specdec.config import SpecdecConfig  # noqa: E402
+from specdec.drafters import ModelDrafter  # noqa: E402
+from specdec.training.classifier import _OracleRecorder  # noqa: E402
+from specdec.verifiers import GreedyVerifier, RejectionVerifier  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -13,16 +13,19 @@ model undervalues long drafts against short ones. Greedy, 16 held-out prompts, c
 import argparse
 import collections
 import json
+import sys
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from specdec import SpeculativeDecoder
-from specdec.core.components import Observer
-from specdec.drafters import ModelDrafter, NGramDrafter
-from specdec.policies import ConstantLookahead
-from specdec.policies.cost_aware import expected_tokens
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's specdec, not an installed copy
+
+from specdec import SpeculativeDecoder  # noqa: E402
+from specdec.core.components import Observer  # noqa: E402
+from specdec.drafters import ModelDrafter, NGramDrafter  # noqa: E402
+from specdec.policies import ConstantLookahead  # noqa: E402
+from specdec.policies.cost_aware import expected_tokens  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 PAIR = ROOT / "models/python-pair"

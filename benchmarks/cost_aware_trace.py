@@ -10,15 +10,18 @@ and per request: seconds, iterations, drafted and accepted tokens (greedy, batch
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from specdec import SpeculativeDecoder
-from specdec.drafters import NGramDrafter
-from specdec.policies import ConstantLookahead, CostAwareLookahead
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's specdec, not an installed copy
+
+from specdec import SpeculativeDecoder  # noqa: E402
+from specdec.drafters import NGramDrafter  # noqa: E402
+from specdec.policies import ConstantLookahead, CostAwareLookahead  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 

@@ -37,15 +37,18 @@ import argparse
 import copy
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-from specdec import SpeculativeDecoder
-from specdec.drafters import ModelDrafter
-from specdec.policies import ConstantLookahead
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's specdec, not an installed copy
+
+from specdec import SpeculativeDecoder  # noqa: E402
+from specdec.drafters import ModelDrafter  # noqa: E402
+from specdec.policies import ConstantLookahead  # noqa: E402
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 parser.add_argument("--device", default="cuda")

@@ -17,17 +17,20 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
 
-from specdec import SpeculativeDecoder
-from specdec.config import SpecdecConfig
-from specdec.core.packed_linear import applies_to, packed_everywhere, packs_at
-from specdec.drafters import ModelDrafter, NGramDrafter
-from specdec.policies import ConstantLookahead, CostAwareLookahead
-from specdec.verifiers import GreedyVerifier, RejectionVerifier
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's specdec, not an installed copy
+
+from specdec import SpeculativeDecoder  # noqa: E402
+from specdec.config import SpecdecConfig  # noqa: E402
+from specdec.core.packed_linear import applies_to, packed_everywhere, packs_at  # noqa: E402
+from specdec.drafters import ModelDrafter, NGramDrafter  # noqa: E402
+from specdec.policies import ConstantLookahead, CostAwareLookahead  # noqa: E402
+from specdec.verifiers import GreedyVerifier, RejectionVerifier  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 

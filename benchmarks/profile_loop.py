@@ -17,11 +17,14 @@ import argparse
 import cProfile
 import json
 import pstats
+import sys
 import time
 from pathlib import Path
 
-from specdec import SpeculativeDecoder
-from specdec.config import SpecdecConfig
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's specdec, not an installed copy
+
+from specdec import SpeculativeDecoder  # noqa: E402
+from specdec.config import SpecdecConfig  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 

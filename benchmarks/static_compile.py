@@ -18,15 +18,18 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
 
-from specdec import SpeculativeDecoder
-from specdec.bench import forward_cost
-from specdec.config import SpecdecConfig
-from specdec.observers import PhaseTimes
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's specdec, not an installed copy
+
+from specdec import SpeculativeDecoder  # noqa: E402
+from specdec.bench import forward_cost  # noqa: E402
+from specdec.config import SpecdecConfig  # noqa: E402
+from specdec.observers import PhaseTimes  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CONTENDERS = {

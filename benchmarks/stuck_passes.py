@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -22,12 +23,14 @@ import attrs
 import torch
 from transformers import AutoModelForCausalLM
 
-from specdec import SpeculativeDecoder
-from specdec.config import SpecdecConfig
-from specdec.core.components import Observer
-from specdec.drafters import ModelDrafter
-from specdec.policies import CostAwareLookahead
-from specdec.verifiers import GreedyVerifier, RejectionVerifier
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's specdec, not an installed copy
+
+from specdec import SpeculativeDecoder  # noqa: E402
+from specdec.config import SpecdecConfig  # noqa: E402
+from specdec.core.components import Observer  # noqa: E402
+from specdec.drafters import ModelDrafter  # noqa: E402
+from specdec.policies import CostAwareLookahead  # noqa: E402
+from specdec.verifiers import GreedyVerifier, RejectionVerifier  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -13,12 +13,15 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
 
-from specdec.core.models import cache_argument, returned_cache
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's specdec, not an installed copy
+
+from specdec.core.models import cache_argument, returned_cache  # noqa: E402
 
 
 def step_latency(model, ctx: torch.Tensor, reps: int, warmup: int) -> list[float]:

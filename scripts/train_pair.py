@@ -40,7 +40,6 @@ import math
 import os
 import platform
 import random
-import sys
 import sysconfig
 import textwrap
 import time
