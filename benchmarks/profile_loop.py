@@ -9,7 +9,7 @@ forwards versus the loop's own bookkeeping.
     python benchmarks/profile_loop.py --plain-floor [--repeats 5]
 
 instead times specdec's plain steps (constant k = 0) against the target's own ``generate`` on the
-same prompts, interleaved, with the loop's phases (``PhaseTimes``) and the target's forward timed
+same prompts (sampled with --temperature, each its own draws; time per token), interleaved, with the loop's phases (``PhaseTimes``) and the target's forward timed
 alone in both: what specdec adds to a step where it does not speculate (the "plain-step floor").
 """
 
@@ -80,11 +80,11 @@ if args.plain_floor:
         return time.perf_counter() - started, tokens, forward["seconds"] / max(forward["calls"], 1)
 
     def generate(batch):
-        out = target.generate(**batch, max_new_tokens=args.max_new_tokens, do_sample=False)
+        out = target.generate(**batch, max_new_tokens=args.max_new_tokens, **(sampling or {"do_sample": False}))
         return (out.shape[1] - batch["input_ids"].shape[1]) * out.shape[0]
 
     def specdec(batch):
-        return plain.generate(**batch, max_new_tokens=args.max_new_tokens).stats.new_tokens
+        return plain.generate(**batch, max_new_tokens=args.max_new_tokens, **sampling).stats.new_tokens
 
     timed(generate), timed(specdec)  # warm-up
     rows = {"generate": [], "specdec k=0": []}

@@ -145,3 +145,61 @@ class TestPhaseTimes:
         assert isinstance(get_registry().create("observer", "phases", {"sync": True}), PhaseTimes)
         decoder = SpeculativeDecoder(target=target, drafter=ModelDrafter(draft_model))
         assert decoder._timers is None
+
+
+class TestPlainStepOps:
+    """A plain step (k = 0) outside the models' forwards: a handful of tensor ops, near ``generate``'s.
+
+    On a CPU each op costs 5-10 us, so on a small target they decide whether specdec's plain steps,
+    the floor of every policy that falls back to them, keep up with ``generate``: 112 ops per plain
+    greedy iteration (164 sampled) ran 0.90-0.95x of ``generate`` on the bundled pair's 16 ms step,
+    and 50 (81) ran 0.99x (docs/benchmarks.md, stop 30). Counted with a dispatch mode, not timed."""
+
+    @staticmethod
+    def ops_per_iteration(target, draft_model, sampled: bool, batch: int, monkeypatch) -> float:
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        from specdec.policies import ConstantLookahead
+        from specdec.verifiers import RejectionVerifier
+
+        counting = [False]
+
+        class Count(TorchDispatchMode):
+            ops = 0
+
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                Count.ops += counting[0]
+                return func(*args, **(kwargs or {}))
+
+        def toggle(value):
+            return lambda *_: counting.__setitem__(0, value)
+
+        # Ops of the loop's iterations only: not the request's set-up, not the models' forwards.
+        iterate = SpeculativeDecoder._iterate
+
+        def counted(self, state):
+            counting[0] = True
+            try:
+                iterate(self, state)
+            finally:
+                counting[0] = False
+
+        monkeypatch.setattr(SpeculativeDecoder, "_iterate", counted)
+        hooks = [model.register_forward_pre_hook(toggle(False)) for model in (target, draft_model)]
+        hooks += [model.register_forward_hook(toggle(True)) for model in (target, draft_model)]
+        decoder = SpeculativeDecoder(target=target, drafter=ModelDrafter(draft_model), policy=ConstantLookahead(k=0),
+                                     verifier=RejectionVerifier())
+        input_ids, mask = left_padded(PROMPTS[:batch])
+        options = dict(do_sample=True, temperature=0.7, top_p=0.9, generator=torch.Generator().manual_seed(0)) if sampled else {}
+        try:
+            with Count():
+                out = decoder.generate(input_ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, **options)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        assert out.stats.iterations == NEW_TOKENS
+        return Count.ops / out.stats.iterations
+
+    @pytest.mark.parametrize("sampled, batch, budget", [(False, 1, 60), (False, 4, 60), (True, 1, 95), (True, 4, 95)])
+    def test_a_plain_step_takes_few_ops(self, target, draft_model, sampled, batch, budget, monkeypatch):
+        assert self.ops_per_iteration(target, draft_model, sampled, batch, monkeypatch) <= budget

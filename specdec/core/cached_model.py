@@ -26,6 +26,8 @@ What "leave the cache" means depends on the kind of state, and is defined here o
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..errors import ConfigError
@@ -104,11 +106,12 @@ class CachedModel:
         states of every column read come back too: ``(logits, hidden [B, n, H])``.
         """
         device = state.device
-        if tokens is None:
-            tokens = torch.zeros(state.active, 0, dtype=torch.long, device=device)
         dense = valid is None  # no hole in the block, known on the host (SlotCache.extend)
+        if tokens is None:  # a plain step: the committed tokens only
+            tokens = _empty_block(state.active, device, torch.long)
         if valid is None:
-            valid = torch.ones(tokens.shape, dtype=torch.bool, device=device)
+            valid = torch.ones(tokens.shape, dtype=torch.bool, device=device) if tokens.shape[1] else \
+                _empty_block(state.active, device, torch.bool)
         speculative = tokens.shape[1]
         if not self.reading:
             self._round_start_host = state.lengths_host[state.rows_host].clone()
@@ -116,7 +119,7 @@ class CachedModel:
         if self.runner.rereads:
             return self._reread(state, tokens, valid, logits_to_keep, embed, hidden)
         positions = None  # buffer positions matter only to embed and to read_positions (hidden states)
-        if embed is not None or hidden:
+        if (embed is not None or hidden) and speculative:
             steps = torch.arange(speculative, device=device)
             if siblings:  # alternatives to the first token: its position
                 steps[-siblings:] = 0
@@ -129,7 +132,10 @@ class CachedModel:
             # Worth asking only where it can matter: a block known dense, or a recurrent read of it alone.
             catch_up_dense = (dense or self.slots.recurrent is not None) and not self.slots.static \
                 and state.backlog_is_dense(fed_host, catch_up.shape[1])
-            if self.slots.recurrent is not None and speculative:
+            if not speculative:  # nothing to put after the catch-up
+                positions = self._remember(catch_up_valid, catch_up_positions if embed is not None or hidden else None)
+                return self._forward(catch_up, catch_up_valid, positions, logits_to_keep, embed, hidden, catch_up_dense)
+            if self.slots.recurrent is not None:
                 # Recurrent states read the committed block first, as generate reads the prompt,
                 # then each speculative token with a checkpoint after it.
                 first = self._forward(catch_up, catch_up_valid, catch_up_positions,
@@ -259,7 +265,8 @@ class CachedModel:
 
     def _widest(self, state, rows_host: torch.Tensor) -> int:
         """The most valid slots any of ``rows_host`` holds: committed tokens read, less prompt padding."""
-        return int((self.fed_host - state.padding_host)[rows_host].max())
+        fed, padding = self.fed_host.tolist(), state.padding_host.tolist()
+        return max((fed[row] - padding[row] for row in rows_host.tolist()), default=0)
 
 
 def static_capacity(state) -> int:
@@ -268,6 +275,13 @@ def static_capacity(state) -> int:
     to 64. A wider block than that grows the cache once (``SlotCache.regrowths``)."""
     need = bucket(state.prompt_width) + state.max_new_tokens + 1 + STATIC_HEADROOM
     return -(-need // 64) * 64
+
+
+@functools.lru_cache(maxsize=256)
+def _empty_block(batch: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """A ``[batch, 0]`` block: the speculative tokens of a plain step. Shared, as it holds nothing
+    to change: on a small model each tensor op of a plain step costs about 1/2000 of it."""
+    return torch.zeros(batch, 0, dtype=dtype, device=device)
 
 
 def _joined(first, rest, logits_to_keep: int, hidden: bool):

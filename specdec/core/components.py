@@ -115,6 +115,8 @@ def _as_row_lengths(policy, args, k) -> torch.Tensor:
     import torch
 
     (state,) = args
+    if isinstance(k, torch.Tensor) and k.dtype == torch.long and k.shape == (state.active,) and k.device.type == "cpu":
+        return k  # already what the loop wants (it never writes into it)
     return torch.as_tensor(k, dtype=torch.long).expand(state.active).clone()
 
 

@@ -130,18 +130,21 @@ class DecodeState:
         first-position alternative was accepted, which the caches read again as committed tokens.
 
         The iteration's one device sync brings the verdict to the host first; what each row appends
-        is decided there, per row in Python (a handful of integers: cheaper than a dozen tensor ops
-        on a CPU, and no launches on an accelerator), then written to both copies. Returns those
-        host numbers.
+        is decided there, per row in Python (a handful of integers: cheaper than the tensor ops that
+        would compute it, each of which costs about 1/2000 of a small model's step on a CPU, and no
+        launches on an accelerator), then written to both copies. Returns those host numbers.
         """
         kept = accepted if kept is None else kept
         synced = torch.cat([torch.stack([accepted, drafted, kept], dim=1), appended], dim=1).cpu()  # the sync
         accepted_host, drafted_host, kept_host, appended_host = synced[:, 0], synced[:, 1], synced[:, 2], synced[:, 3:]
         rows_host = self.rows_host
-        lengths_host = self.lengths_host[rows_host]
+        lengths = self.lengths_host.tolist()
         limit, eos = self.prompt_width + self.max_new_tokens, self.eos_token_set
-        counts, finished = [], []
-        for kept, row, length in zip(accepted_host.tolist(), appended_host.tolist(), lengths_host.tolist()):
+        width = appended.shape[1]
+        trash = self.sequences.shape[1] - 1  # a column nobody reads takes the tokens not appended
+        counts, finished, write_at, new_lengths = [], [], [], []
+        for kept, row, original in zip(accepted_host.tolist(), appended_host.tolist(), rows_host.tolist()):
+            length = lengths[original]
             count, ended = kept + 1, False
             for j in range(count):
                 if row[j] in eos:
@@ -151,22 +154,20 @@ class DecodeState:
                 count, ended = limit - length, True
             counts.append(count)
             finished.append(ended)
-        count_host = torch.tensor(counts, dtype=torch.long)
-        width = appended.shape[1]
-        position_host = torch.arange(width)[None, :]
-        trash = self.sequences.shape[1] - 1  # a column nobody reads takes the tokens not appended
-        write_at_host = torch.where(position_host < count_host[:, None], lengths_host[:, None] + position_host, trash)
+            write_at.append([length + j if j < count else trash for j in range(width)])
+            new_lengths.append(length + count)
+        write_at_host, lengths_host = torch.tensor(write_at), torch.tensor(new_lengths)
         self.sequences_host[rows_host[:, None], write_at_host] = appended_host
-        self.lengths_host[rows_host] = lengths_host + count_host
+        self.lengths_host[rows_host] = lengths_host
         device = self.device
         self.sequences[self.rows[:, None], write_at_host.to(device, non_blocking=True)] = appended
-        self.lengths[self.rows] = self.lengths_host[rows_host].to(device, non_blocking=True)
-        return Committed(accepted_host, count_host, torch.tensor(finished), drafted_host, kept_host)
+        self.lengths[self.rows] = lengths_host.to(device, non_blocking=True)
+        return Committed(accepted_host, torch.tensor(counts), torch.tensor(finished), drafted_host, kept_host)
 
     def retire(self, finished_host: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Finished rows leave the batch: ``(keep, keep_host)``, the active positions that stay
         (device, CPU), or None when every row goes on."""
-        if not bool(finished_host.any()):
+        if not any(finished_host.tolist()):
             return None
         keep_host = (~finished_host).nonzero().flatten()
         keep = keep_host.to(self.device, non_blocking=True)
@@ -185,26 +186,39 @@ class DecodeState:
         W is the largest backlog, known on the host without a sync; ``bucketed`` pads it (with holes
         on the left) to a power of two, so that a static-shape model sees few block widths.
         """
-        lengths_host = self.lengths_host[self.rows_host]
-        width = int((lengths_host - fed_host).max())
+        rows = self.rows_host.tolist()
+        lengths_host, fed = self.lengths_host.tolist(), fed_host.tolist()
+        backlog = [lengths_host[row] - read for row, read in zip(rows, fed)]
+        width = max(backlog)
         if bucketed:
             width = bucket(width)
-        lengths = self.lengths[self.rows]
-        fed = fed_host.to(self.device, non_blocking=True)
-        index = lengths[:, None] - width + torch.arange(width, device=self.device)[None, :]  # [B, W]
-        inside = index >= fed[:, None]
+        # Host numbers, no sync: the tensor ops below are most of a small model's plain step outside
+        # its forward, so the usual case (every row one token behind, past its prompt's padding,
+        # every row active) takes the fewest.
+        every_row = len(rows) == self.batch_size  # state.rows is then 0 .. R - 1
+        sequences = self.sequences if every_row else self.sequences[self.rows]
+        lengths = self.lengths if every_row else self.lengths[self.rows]
+        index = (lengths - 1)[:, None] if width == 1 else \
+            lengths[:, None] + torch.arange(-width, 0, device=self.device)[None, :]  # [B, W]
+        if min(backlog) == width and self._past_padding(rows, fed):  # no hole in the block
+            return sequences.gather(1, index), torch.ones(index.shape, dtype=torch.bool, device=self.device), index
+        inside = index >= fed_host.to(self.device, non_blocking=True)[:, None]
         index = index.clamp(min=0)
-        input_ids = self.sequences[self.rows].gather(1, index)
-        valid = inside & self.token_mask[self.rows].gather(1, index)
-        return input_ids, valid, index
+        token_mask = self.token_mask if every_row else self.token_mask[self.rows]
+        return sequences.gather(1, index), inside & token_mask.gather(1, index), index
+
+    def _past_padding(self, rows: list[int], fed: list[int]) -> bool:
+        """Whether each of ``rows`` (original ids) has read ``fed`` tokens at least as far as its prompt's padding."""
+        padding = self.padding_host.tolist()
+        return all(read >= padding[row] for row, read in zip(rows, fed))
 
     def backlog_is_dense(self, fed_host: torch.Tensor, width: int) -> bool:
         """Whether ``committed_since(fed_host)``'s block of ``width`` columns holds no hole: every row
         has ``width`` unread tokens and none of them is prompt padding. Host numbers: no sync."""
-        rows = self.rows_host
-        if bool((self.lengths_host[rows] - fed_host != width).any()):
+        rows, fed, lengths = self.rows_host.tolist(), fed_host.tolist(), self.lengths_host.tolist()
+        if any(lengths[row] - read != width for row, read in zip(rows, fed)):
             return False
-        return bool((fed_host >= self.padding_host[rows]).all())  # the block starts past the prompt's padding
+        return self._past_padding(rows, fed)  # the block starts past the prompt's padding
 
     def process(self, scores: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
         """Apply the generation config's logits processors to a block of next-token scores.

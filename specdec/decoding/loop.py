@@ -235,12 +235,15 @@ class SpeculativeDecoder:
         wish = hooks.specdec_lookahead(state=state)  # [B] CPU
         if wish.shape != (state.active,):
             raise ConfigError(f"{self.policy.plugin_label} returned a lookahead of shape {tuple(wish.shape)}, expected ({state.active},)")
-        max_tokens = torch.minimum(wish.clamp(min=0), state.remaining_host() - 1).clamp(min=0)
+        drafting = max(wish.tolist(), default=0) > 0  # on the host: a plain step skips the capping's ops
+        if drafting:
+            max_tokens = torch.minimum(wish.clamp(min=0), state.remaining_host() - 1).clamp(min=0)
+            drafting = int(max_tokens.max()) > 0
         if timers:
             _mark(timers, "lookahead")
 
         # 2. draft
-        if int(max_tokens.max()) > 0:
+        if drafting:
             draft = hooks.specdec_propose(state=state, max_tokens=max_tokens, keep_drafting=self._keep_drafting(state))
             draft = draft.with_padding(state.pad_token_id)
         else:
@@ -255,7 +258,7 @@ class SpeculativeDecoder:
         wants_hidden = self.drafter.wants_hidden_states
         alternatives = draft.alternatives if draft.alternatives is not None and self._reads_alternatives(state) else None
         siblings = 0 if alternatives is None else alternatives.shape[1]
-        tokens, valid = draft.tokens, draft.in_draft()
+        tokens, valid = (draft.tokens, draft.in_draft()) if draft.width else (None, None)  # None: a plain step
         if siblings:
             tokens = torch.cat([tokens, alternatives.clamp(min=0)], dim=1)  # [B, K + A]
             valid = torch.cat([valid, alternatives >= 0], dim=1)
@@ -272,8 +275,11 @@ class SpeculativeDecoder:
 
         # 4. commit: accepted drafts, then the verifier's token, with the iteration's one device sync
         #    (the target's confidence is copied to the host before it, so the sync completes it too).
-        appended = torch.cat([draft.tokens, verdict.next_token[:, None]], dim=1)  # [B, K + 1]
-        appended.scatter_(1, verdict.accepted[:, None], verdict.next_token[:, None])
+        if draft.width:
+            appended = torch.cat([draft.tokens, verdict.next_token[:, None]], dim=1)  # [B, K + 1]
+            appended.scatter_(1, verdict.accepted[:, None], verdict.next_token[:, None])
+        else:
+            appended = verdict.next_token[:, None]
         commit_accepted, alternative_hits = verdict.accepted, None
         if siblings:
             commit_accepted, alternative_hits = _take_alternative(state, verdict, alternatives, sibling_logits, appended)

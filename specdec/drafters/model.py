@@ -155,6 +155,8 @@ class ModelDrafter(Drafter):
 
     def on_step(self, state, step) -> None:
         # Of the drafts it read (all but the last it drafted), the accepted ones stay in its cache.
+        if not self._cached.reading:
+            return  # a plain step: it drafted nothing
         fed = self._drafts_fed
         self._cached.keep(state, step.rows_host, step.verdict.accepted.clamp(max=fed), step.accepted_host.clamp(max=fed))
 

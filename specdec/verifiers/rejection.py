@@ -39,6 +39,11 @@ class RejectionVerifier(Verifier):
             return greedy_verdict(draft, scores)
         generator = state.generator
         batch, width = draft.tokens.shape
+        if not width:  # a plain step: a draw from the target's own distribution, nothing to accept
+            p_next = torch.softmax(scores[:, 0].float(), dim=-1)  # [B, V] fp32
+            next_token = sample(p_next, generator)
+            return Verdict(accepted=torch.zeros_like(next_token), next_token=next_token,
+                           target_probs=p_next.gather(1, next_token[:, None])[:, 0])
         vocab = scores.shape[-1]
         p = torch.softmax(scores.float(), dim=-1)  # [B, K + 1, V] fp32
         in_draft = draft.in_draft()  # [B, K]
@@ -55,16 +60,13 @@ class RejectionVerifier(Verifier):
         accepted = keep.long().cumprod(1).sum(1)  # [B]: drafts kept before the first rejection
 
         p_next = p.gather(1, accepted[:, None, None].expand(-1, 1, vocab))[:, 0]  # [B, V]
-        if width:
-            at = accepted.clamp(max=width - 1)  # [B]; only read where a draft was rejected
-            if draft.probs is None:
-                q_next = torch.zeros_like(p_next).scatter_(1, tokens.gather(1, at[:, None]), 1.0)  # [B, V]
-            else:
-                q_next = draft.probs.float().gather(1, at[:, None, None].expand(-1, 1, vocab))[:, 0]  # [B, V]
-            rejected = accepted < draft.lengths  # [B]
-            dist = torch.where(rejected[:, None], self.residual(p_next, q_next), p_next)  # [B, V]
+        at = accepted.clamp(max=width - 1)  # [B]; only read where a draft was rejected
+        if draft.probs is None:
+            q_next = torch.zeros_like(p_next).scatter_(1, tokens.gather(1, at[:, None]), 1.0)  # [B, V]
         else:
-            dist = p_next  # nothing drafted: a plain target sample
+            q_next = draft.probs.float().gather(1, at[:, None, None].expand(-1, 1, vocab))[:, 0]  # [B, V]
+        rejected = accepted < draft.lengths  # [B]
+        dist = torch.where(rejected[:, None], self.residual(p_next, q_next), p_next)  # [B, V]
         next_token = sample(dist, generator)  # [B]
         target_probs = p_next.gather(1, next_token[:, None])[:, 0]  # [B]
         return Verdict(accepted=accepted, next_token=next_token, target_probs=target_probs)
