@@ -9,8 +9,9 @@ forwards versus the loop's own bookkeeping.
     python benchmarks/profile_loop.py --plain-floor [--repeats 5]
 
 instead times specdec's plain steps (constant k = 0) against the target's own ``generate`` on the
-same prompts (sampled with --temperature, each its own draws; time per token), interleaved, with the loop's phases (``PhaseTimes``) and the target's forward timed
-alone in both: what specdec adds to a step where it does not speculate (the "plain-step floor").
+same prompts (sampled with --temperature, each with its own draws; time per token), interleaved,
+with the loop's phases (``PhaseTimes``) and the target's forward timed alone in both: what specdec
+adds to a step where it does not speculate (the "plain-step floor").
 """
 
 import argparse

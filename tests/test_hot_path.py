@@ -162,31 +162,31 @@ class TestPlainStepOps:
         from specdec.policies import ConstantLookahead
         from specdec.verifiers import RejectionVerifier
 
-        counting = [False]
+        # Ops of the loop's iterations only: not the request's set-up, not the models' forwards.
+        inside = {"iteration": False, "forwards": 0}
 
         class Count(TorchDispatchMode):
             ops = 0
 
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                Count.ops += counting[0]
+                Count.ops += inside["iteration"] and not inside["forwards"]
                 return func(*args, **(kwargs or {}))
 
-        def toggle(value):
-            return lambda *_: counting.__setitem__(0, value)
+        def entering(step):
+            return lambda *_: inside.__setitem__("forwards", inside["forwards"] + step)
 
-        # Ops of the loop's iterations only: not the request's set-up, not the models' forwards.
         iterate = SpeculativeDecoder._iterate
 
         def counted(self, state):
-            counting[0] = True
+            inside["iteration"] = True
             try:
                 iterate(self, state)
             finally:
-                counting[0] = False
+                inside["iteration"] = False
 
         monkeypatch.setattr(SpeculativeDecoder, "_iterate", counted)
-        hooks = [model.register_forward_pre_hook(toggle(False)) for model in (target, draft_model)]
-        hooks += [model.register_forward_hook(toggle(True)) for model in (target, draft_model)]
+        hooks = [model.register_forward_pre_hook(entering(1)) for model in (target, draft_model)]
+        hooks += [model.register_forward_hook(entering(-1)) for model in (target, draft_model)]
         decoder = SpeculativeDecoder(target=target, drafter=ModelDrafter(draft_model), policy=ConstantLookahead(k=0),
                                      verifier=RejectionVerifier())
         input_ids, mask = left_padded(PROMPTS[:batch])

@@ -202,6 +202,13 @@ class TestRejectionMaths:
         verdict = RejectionVerifier().verify(sampling_state(), Draft.empty(4, torch.device("cpu")), as_scores(p))
         assert verdict.accepted.tolist() == [0] * 4 and verdict.next_token.tolist() == [1] * 4
 
+    def test_empty_draft_draws_from_p_and_reports_its_probability(self):
+        p = torch.tensor([[0.2, 0.5, 0.3]]).expand(4000, 1, -1)
+        verdict = RejectionVerifier().verify(sampling_state(), Draft.empty(4000, torch.device("cpu")), as_scores(p))
+        share = torch.bincount(verdict.next_token, minlength=3).float() / 4000
+        assert torch.allclose(share, p[0, 0], atol=0.03)  # 4 standard errors at most
+        assert torch.allclose(verdict.target_probs, p[0, 0][verdict.next_token])
+
     def test_residual_of_equal_distributions_is_p(self):
         p = torch.tensor([[0.25, 0.75]])
         assert torch.equal(RejectionVerifier.residual(p, p.clone()), p)
