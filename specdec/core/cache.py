@@ -42,6 +42,8 @@ holes; its ``StaticLayer`` is exactly the preallocated, index-written tensor pai
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from transformers.cache_utils import Cache, DynamicLayer, EncoderDecoderCache, LinearAttentionCacheLayerMixin, StaticLayer
 
@@ -160,8 +162,9 @@ class SlotCache:
             self.idle_reads += self.physical_batch - self.row_map.shape[0]
         n = valid.shape[1]
         if dense and not self.static:
-            steps = torch.arange(n, device=self.n_valid.device) if n > 1 else 0
-            position_ids = self.n_valid[:, None] + steps  # [B, n]
+            position_ids = self.n_valid[:, None]  # [B, n]
+            if n > 1:
+                position_ids = position_ids + torch.arange(n, device=self.n_valid.device)
             self.n_valid = self.n_valid + n
             self.slot_mask = torch.nn.functional.pad(self.slot_mask, (0, n), value=True)
             self.positions = torch.cat([self.positions, position_ids], dim=1)
@@ -413,3 +416,18 @@ def _lend(source: EncoderDecoderCache, i: int, dest: EncoderDecoderCache, j: int
     layer.dtype, layer.device = given.keys.dtype, given.keys.device
     layer.keys, layer.values, layer.is_initialized = given.keys, given.values, True
     dest.is_updated[j] = True
+
+
+@functools.lru_cache(maxsize=256)
+def empty_block(batch: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """A ``[batch, 0]`` block: the speculative tokens of a plain step, the input ids that row-wise
+    processors do not read. Shared, as it holds nothing to change: on a small model each tensor op
+    of a plain step costs about 1/2000 of it."""
+    return torch.zeros(batch, 0, dtype=dtype, device=device)
+
+
+@functools.lru_cache(maxsize=256)
+def dense_block(batch: int, width: int, device: torch.device) -> torch.Tensor:
+    """``[batch, width]`` all true: the ``valid`` of a block without holes (each draft step's token,
+    a full draft). Shared, like ``empty_block``: nobody writes into a read's ``valid``."""
+    return torch.ones(batch, width, dtype=torch.bool, device=device)

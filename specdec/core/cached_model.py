@@ -26,12 +26,10 @@ What "leave the cache" means depends on the kind of state, and is defined here o
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from ..errors import ConfigError
-from .cache import bucket
+from .cache import bucket, dense_block, empty_block
 from . import gqa_attention
 from .packed_linear import applies_to, pack
 from .models import CausalLMRunner, RereadingRunner, Seq2SeqRunner
@@ -108,10 +106,9 @@ class CachedModel:
         device = state.device
         dense = valid is None  # no hole in the block, known on the host (SlotCache.extend)
         if tokens is None:  # a plain step: the committed tokens only
-            tokens = _empty_block(state.active, device, torch.long)
+            tokens = empty_block(state.active, device, torch.long)
         if valid is None:
-            valid = torch.ones(tokens.shape, dtype=torch.bool, device=device) if tokens.shape[1] else \
-                _empty_block(state.active, device, torch.bool)
+            valid = dense_block(tokens.shape[0], tokens.shape[1], device)
         speculative = tokens.shape[1]
         if not self.reading:
             self._round_start_host = state.lengths_host[state.rows_host].clone()
@@ -240,7 +237,8 @@ class CachedModel:
             return
         # A plain step read only committed tokens: nothing to drop (recurrent states still close their round).
         if self._speculative_read or self.slots.recurrent is not None:
-            most, least = (int(kept_host.max()), int(kept_host.min())) if kept_host.numel() else (0, 0)
+            kept_list = kept_host.tolist()  # on the host: no tensor op
+            most, least = (max(kept_list), min(kept_list)) if kept_list else (0, 0)
             self.slots.drop_tail(self._round_columns, keep_columns=self._catch_up_columns + kept,
                                  common=self._round_columns - self._catch_up_columns - most,
                                  shared=self._catch_up_columns + least)
@@ -275,13 +273,6 @@ def static_capacity(state) -> int:
     to 64. A wider block than that grows the cache once (``SlotCache.regrowths``)."""
     need = bucket(state.prompt_width) + state.max_new_tokens + 1 + STATIC_HEADROOM
     return -(-need // 64) * 64
-
-
-@functools.lru_cache(maxsize=256)
-def _empty_block(batch: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """A ``[batch, 0]`` block: the speculative tokens of a plain step. Shared, as it holds nothing
-    to change: on a small model each tensor op of a plain step costs about 1/2000 of it."""
-    return torch.zeros(batch, 0, dtype=dtype, device=device)
 
 
 def _joined(first, rest, logits_to_keep: int, hidden: bool):

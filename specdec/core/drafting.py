@@ -23,10 +23,10 @@ def alternatives_option(instance, attribute, value) -> None:
 
 
 class TokenByToken:
-    """Collects a draft token by token: picks each token from the processed scores (argmax, or a
-    sample when sampling), keeps the draft's probabilities q, counts each row's length and says when
-    to stop (every row at its budget, or the policy's ``keep_drafting`` says no row goes on).
-    A drafter calls its model, then ``add`` with the processed scores, then ``more``.
+    """Collects a draft token by token: processes each position's scores, picks the token (argmax,
+    or a sample when sampling), keeps the draft's probabilities q, counts each row's length and says
+    when to stop (every row at its budget, or the policy's ``keep_drafting`` says no row goes on).
+    A drafter calls its model, then ``add`` with the position's raw scores, then ``more``.
 
     A row the policy stops is masked on the device (its length stops growing; the tokens drafted
     for it afterwards are padding nobody reads). Whether the loop also ends as soon as no row goes
@@ -35,57 +35,71 @@ class TokenByToken:
     ``draft_early_exit`` chooses; docs/design.md, "Host syncs", has the measurement).
     """
 
-    def __init__(self, state, max_tokens: torch.Tensor, keep_drafting=None, alternatives: int = 0):  # max_tokens [B] CPU
+    def __init__(self, state, max_tokens: torch.Tensor, keep_drafting=None, alternatives: int = 0,
+                 reduced: bool = False):  # max_tokens [B] CPU
         self.state = state
         # Other candidates for the first position (Draft.alternatives): greedy only, where the loop
         # verifies them; sampling draws one token per position.
         self.alternatives_wanted = 0 if state.do_sample else alternatives
         self.alternatives: torch.Tensor | None = None  # [B, A]
         self.keep_drafting = keep_drafting
-        self.width = int(max_tokens.max())
+        self.max_tokens_host = max_tokens
+        self.width = max(max_tokens.tolist())
         device, batch = state.device, state.active
         self.limit = max_tokens.to(device, non_blocking=True)  # [B]
+        self.drafted = 0
+        # With no policy judging each position, and no row that can run out of tokens to draft (a
+        # reduced-vocabulary draft whose processors allow only tokens outside its map: Whisper's
+        # timestamp grammar forcing a timestamp), every row drafts its budget: a position is its
+        # token and nothing else, and q, the tokens and the lengths are put together once in
+        # ``draft``. On a CPU the per-position masks and copies cost 5-10 us a tensor op, 10% of a
+        # small draft model's step (docs/benchmarks.md, stops 15 and 31).
+        listening = keep_drafting is not None and getattr(keep_drafting, "listening", True)
+        self._lean = not (listening or reduced and state.processors)
+        if self._lean:
+            self._tokens: list[torch.Tensor] = []  # [B] per position
+            self._scores: list[torch.Tensor] = []  # [B, V] per position: q when sampling, else the scores
+            return
         self.tokens = torch.zeros(batch, self.width, dtype=torch.long, device=device)  # [B, K]
         self.token_probs = torch.zeros(batch, self.width, dtype=torch.float32, device=device)  # [B, K]
         self.probs: torch.Tensor | None = None  # [B, K, V] when sampling
         self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
         self.drafting = self.limit > 0  # [B]
-        self.drafted = 0
-        # Greedy, with no processors (which could leave a row nothing to draft) and no policy judging
-        # each position: every row drafts its budget, a token is an argmax, and q is only reported,
-        # so it is computed once for the whole draft in ``draft``. On a CPU the per-position softmax,
-        # masks and bookkeeping cost 10% of a small draft model's step.
-        listening = keep_drafting is not None and getattr(keep_drafting, "listening", True)
-        self._lean = not (state.do_sample or state.processors or listening)
-        self._scores: list[torch.Tensor] = []  # the lean path's scores, one [B, V] per position
 
     @property
     def so_far(self) -> torch.Tensor:
         """[B, j] the tokens drafted before the next one (what processors see after the committed ones)."""
+        if self._lean:
+            return torch.stack(self._tokens, dim=1) if self._tokens else self.limit.new_zeros(self.limit.shape[0], 0)
         return self.tokens[:, : self.drafted]
 
-    def add(self, scores: torch.Tensor) -> torch.Tensor:  # scores [B, V] fp32, processed -> token [B]
+    def add(self, scores: torch.Tensor) -> torch.Tensor:  # scores [B, V] fp32, raw -> token [B]
         j, state = self.drafted, self.state
+        if state.processors:
+            scores = state.process(scores[:, None], lambda: self.so_far)[:, 0]
         if j == 0 and self.alternatives_wanted:
             top = scores.topk(self.alternatives_wanted + 1, dim=-1)  # the first is the draft itself
             possible = (top.values[:, 1:] > float("-inf")) & (self.limit > 0)[:, None]
             self.alternatives = torch.where(possible, top.indices[:, 1:], -1)  # [B, A]
         if self._lean:
-            token = scores.argmax(-1)
-            self.tokens[:, j] = token
+            if state.do_sample:
+                # q (the target's warpers applied to the draft's scores) is exactly what the token is
+                # drawn from and what the rejection verifier divides by.
+                scores = torch.softmax(scores, dim=-1)
+                token = sample(scores, state.generator)
+            else:
+                token = scores.argmax(-1)
+            self._tokens.append(token)
             self._scores.append(scores)
             self.drafted = j + 1
             return token
-        # A row whose scores are all -inf has nothing to draft: a reduced-vocabulary draft where the
-        # processors allow only tokens outside its map (Whisper's timestamp grammar forcing a
-        # timestamp). It stops here; scoring it as uniform keeps q finite for the tokens nobody reads.
+        # A row whose scores are all -inf has nothing to draft. It stops here; scoring it as uniform
+        # keeps q finite for the tokens nobody reads.
         possible = scores.amax(-1) > float("-inf")  # [B]
         scores = torch.where(possible[:, None], scores, 0.0)
         self.drafting = self.drafting & possible
         q = torch.softmax(scores, dim=-1)  # [B, V] fp32
         if state.do_sample:
-            # q (the target's warpers applied to the draft's scores) is exactly what the token is
-            # drawn from and what the rejection verifier divides by.
             token = sample(q, state.generator)
             if self.probs is None:
                 self.probs = torch.zeros(*self.tokens.shape, q.shape[-1], dtype=torch.float32, device=q.device)
@@ -118,10 +132,19 @@ class TokenByToken:
 
     def draft(self) -> Draft:
         drafted = self.drafted
-        if self._lean and drafted:  # every row drafted its budget (the draft's width is the largest)
-            q = torch.softmax(torch.stack(self._scores, dim=1), dim=-1)  # [B, K, V] fp32
-            self.token_probs[:, :drafted] = q.gather(2, self.tokens[:, :drafted, None])[..., 0]
-            self.lengths = self.limit.clamp(max=drafted)
+        if self._lean:
+            if not drafted:
+                return Draft.empty(self.limit.shape[0], self.limit.device)
+            tokens = torch.stack(self._tokens, dim=1)  # [B, K]
+            stacked = torch.stack(self._scores, dim=1)  # [B, K, V] fp32
+            q = stacked if self.state.do_sample else torch.softmax(stacked, dim=-1)
+            # Every row drafted its budget: the draft's width is the largest, the lengths are known here.
+            whole = drafted == self.width
+            return Draft(tokens=tokens, lengths=self.limit if whole else self.limit.clamp(max=drafted),
+                         token_probs=q.gather(2, tokens[..., None])[..., 0],
+                         probs=q if self.state.do_sample else None,
+                         lengths_host=self.max_tokens_host if whole else self.max_tokens_host.clamp(max=drafted),
+                         alternatives=self.alternatives)
         return Draft(tokens=self.tokens[:, :drafted], lengths=self.lengths, token_probs=self.token_probs[:, :drafted],
                      probs=None if self.probs is None else self.probs[:, :drafted],
                      alternatives=self.alternatives if drafted else None)

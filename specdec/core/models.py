@@ -408,7 +408,8 @@ class CausalLMRunner:
               else nullcontext()), \
                 (gqa_steps(self.model) if self.grouped_steps and step and not one_token else nullcontext()):
             out = call(attention_mask=attention_mask, position_ids=position_ids, use_cache=True, **kwargs)
-        logits = slots.to_active(out.logits[:, -logits_to_keep:])
+        logits = out.logits if out.logits.shape[1] == logits_to_keep else out.logits[:, -logits_to_keep:]
+        logits = slots.to_active(logits)
         return (logits, slots.to_active(out.hidden_states[-1][:, -input_ids.shape[1]:])) if hidden else logits
 
 
@@ -688,7 +689,8 @@ class Seq2SeqRunner:
                 **{self._cache_argument: slots.cache},
                 **tokens,
             )
-        logits = slots.to_active(out.logits[:, -logits_to_keep:])
+        logits = out.logits if out.logits.shape[1] == logits_to_keep else out.logits[:, -logits_to_keep:]
+        logits = slots.to_active(logits)
         return (logits, slots.to_active(out.decoder_hidden_states[-1][:, -input_ids.shape[1]:])) if hidden else logits
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import attrs
 import torch
@@ -28,7 +28,7 @@ from transformers.generation.logits_process import (
 )
 
 
-from .cache import bucket
+from .cache import bucket, empty_block
 
 
 class Committed(NamedTuple):
@@ -220,7 +220,7 @@ class DecodeState:
             return False
         return self._past_padding(rows, fed)  # the block starts past the prompt's padding
 
-    def process(self, scores: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
+    def process(self, scores: torch.Tensor, block: torch.Tensor | Callable[[], torch.Tensor]) -> torch.Tensor:
         """Apply the generation config's logits processors to a block of next-token scores.
 
         ``scores[:, j]`` ([B, n, V], float32) is the distribution after each row's committed tokens
@@ -228,7 +228,8 @@ class DecodeState:
         so position j follows ``block[:, :m - n + 1 + j]``. The verifier passes the drafts
         (m = n - 1: position j follows the first j drafts); a drafter scoring its next token passes
         what it drafted so far (n = 1: the whole block). Processors see exactly the ``input_ids``
-        that ``model.generate`` would show them at that point.
+        that ``model.generate`` would show them at that point. ``block`` may be a function that
+        returns it, called only when a processor reads ``input_ids``.
 
         Warpers that never read ``input_ids`` (temperature, top-k, top-p, ...) run once over all
         B * n distributions. The others run per position, over groups of rows of equal length;
@@ -237,7 +238,6 @@ class DecodeState:
         if not self.processors:
             return scores
         batch, width, vocab = scores.shape
-        before = block.shape[1] - width + 1  # uncommitted tokens before position 0
         groups = None
         if self._prepared is None or self._prepared[0] != vocab:
             self._prepared = vocab, _stages([_prepared_processor(p, vocab, scores.device) for p in self.processors])
@@ -245,6 +245,8 @@ class DecodeState:
             if not isinstance(stage, list):  # one processor that reads input_ids
                 if groups is None:
                     groups = self._length_groups()
+                    block = block() if callable(block) else block
+                    before = block.shape[1] - width + 1  # uncommitted tokens before position 0
                 for prefix, group, original in groups:
                     processor = _for_rows(stage, original)
                     for j in range(width):
@@ -252,7 +254,7 @@ class DecodeState:
                         scores[group, j] = processor(input_ids, scores[group, j])
                 continue
             flat = scores.reshape(batch * width, vocab)
-            no_ids = block.new_empty((batch * width, 0))
+            no_ids = empty_block(batch * width, scores.device, torch.long)
             for processor in stage:
                 flat = processor(no_ids, flat)
             scores = flat.reshape(batch, width, vocab)
@@ -353,12 +355,14 @@ class _NucleusTopP:
         warper = self.processor
         probs = scores.softmax(dim=-1)
         top, index = probs.topk(min(NUCLEUS_CANDIDATES, scores.shape[-1]), dim=-1)  # descending
-        above = top.cumsum(dim=-1) - top  # the mass of the candidates more probable than each
-        keep = above < warper.top_p
-        keep[:, : warper.min_tokens_to_keep] = True
+        mass = top.cumsum(dim=-1)
+        above = mass - top  # the mass of the candidates more probable than each
+        keep = above < warper.top_p  # the most probable always: top_p > 0
+        if warper.min_tokens_to_keep > 1:
+            keep[:, : warper.min_tokens_to_keep] = True
         kept = torch.zeros_like(scores, dtype=torch.bool).scatter_(1, index, keep)
         out = scores.masked_fill(~kept, warper.filter_value)
-        beyond = (above[:, -1] + top[:, -1] < warper.top_p).nonzero().flatten()  # the candidates hold too little
+        beyond = (mass[:, -1] < warper.top_p).nonzero().flatten()  # the candidates hold too little
         if beyond.numel():
             out[beyond] = warper(input_ids[beyond], scores[beyond])
         return out

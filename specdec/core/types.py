@@ -37,19 +37,36 @@ class Draft:
     token_probs: torch.Tensor | None = None  # [B, K] float32
     lengths_host: torch.Tensor | None = None  # [B] long, CPU
     alternatives: torch.Tensor | None = None  # [B, A] long, -1 where none
+    # ``in_draft``'s answer, computed once: the loop, ``with_padding`` and the verifiers all ask, and on
+    # a CPU each tensor op costs 5-10 us. Not an init argument, so ``attrs.evolve`` starts without it.
+    _in_draft: torch.Tensor | None = attrs.field(init=False, default=None, eq=False, repr=False)
 
     @property
     def width(self) -> int:
         return self.tokens.shape[1]
 
+    @property
+    def full(self) -> bool:
+        """Whether every row drafted all ``width`` columns, known on the host (``lengths_host``): no
+        padding, so ``in_draft`` is all true and nobody needs to compute it."""
+        return self.lengths_host is not None and bool(self.width) and min(self.lengths_host.tolist()) == self.width
+
     def in_draft(self) -> torch.Tensor:
         """[B, K] bool: which columns are drafts (the rest is padding)."""
-        return torch.arange(self.width, device=self.tokens.device)[None, :] < self.lengths[:, None]
+        if self._in_draft is None:
+            mask = torch.arange(self.width, device=self.tokens.device)[None, :] < self.lengths[:, None]
+            object.__setattr__(self, "_in_draft", mask)
+        return self._in_draft
 
     def with_padding(self, token: int) -> Draft:
         """The same draft with ``token`` in its padding columns, whatever the drafter left there (models
         and processors read every column, so an id such as -1 must not reach them)."""
-        return attrs.evolve(self, tokens=self.tokens.masked_fill(~self.in_draft(), token))
+        if self.full:
+            return self
+        in_draft = self.in_draft()
+        padded = attrs.evolve(self, tokens=self.tokens.masked_fill(~in_draft, token))
+        object.__setattr__(padded, "_in_draft", in_draft)  # the same lengths and width
+        return padded
 
     def padded_to(self, width: int) -> Draft:
         """The same draft ``width`` columns wide (static shapes: a verify block of a fixed width);

@@ -235,10 +235,12 @@ class SpeculativeDecoder:
         wish = hooks.specdec_lookahead(state=state)  # [B] CPU
         if wish.shape != (state.active,):
             raise ConfigError(f"{self.policy.plugin_label} returned a lookahead of shape {tuple(wish.shape)}, expected ({state.active},)")
-        drafting = max(wish.tolist(), default=0) > 0  # on the host: a plain step skips the capping's ops
+        wishes = wish.tolist()  # capped on the host: Python's integers are cheaper than tensor ops
+        drafting = max(wishes, default=0) > 0
         if drafting:
-            max_tokens = torch.minimum(wish.clamp(min=0), state.remaining_host() - 1).clamp(min=0)
-            drafting = int(max_tokens.max()) > 0
+            caps = [max(min(want, left - 1), 0) for want, left in zip(wishes, state.remaining_host().tolist())]
+            drafting = max(caps) > 0
+            max_tokens = torch.tensor(caps)
         if timers:
             _mark(timers, "lookahead")
 
@@ -258,10 +260,11 @@ class SpeculativeDecoder:
         wants_hidden = self.drafter.wants_hidden_states
         alternatives = draft.alternatives if draft.alternatives is not None and self._reads_alternatives(state) else None
         siblings = 0 if alternatives is None else alternatives.shape[1]
-        tokens, valid = (draft.tokens, draft.in_draft()) if draft.width else (None, None)  # None: a plain step
+        tokens = draft.tokens if draft.width else None  # None: a plain step
+        valid = None if tokens is None or draft.full else draft.in_draft()  # None: no hole in the block
         if siblings:
             tokens = torch.cat([tokens, alternatives.clamp(min=0)], dim=1)  # [B, K + A]
-            valid = torch.cat([valid, alternatives >= 0], dim=1)
+            valid = torch.cat([draft.in_draft() if valid is None else valid, alternatives >= 0], dim=1)
         read = target.read(state, tokens, valid, logits_to_keep=draft.width + 1 + siblings, hidden=wants_hidden,
                            siblings=siblings)
         logits, hidden = read if wants_hidden else (read, None)  # [B, K + 1 (+ A), V], [B, W + K (+ A), H]

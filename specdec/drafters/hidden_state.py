@@ -188,14 +188,13 @@ class HiddenStateDrafter(Drafter):
         return draft
 
     def _draft(self, state, max_tokens, keep_drafting) -> Draft:
-        draft, fed, embed, last = TokenByToken(state, max_tokens, keep_drafting, self.alternatives), None, self._inputs(state), self._hidden.shape[1] - 1
+        draft, fed, embed, last = TokenByToken(state, max_tokens, keep_drafting, self.alternatives, reduced=True), None, self._inputs(state), self._hidden.shape[1] - 1
         while True:
             logits, predicted = self._cached.read(state, fed, embed=embed, hidden=True)  # [B, 1, V'], [B, n, H]
             state.draft_calls += 1
             # The predicted hidden state at the last position read feeds the next drafted token.
             self._hidden[state.rows, self._cached.positions[:, -1].clamp(max=last)] = predicted[:, -1]
-            full = self._reduced.expand(logits[:, -1:])  # [B, 1, V], -inf outside the map
-            token = draft.add(state.process(full, draft.so_far)[:, 0])  # q is zero outside the token map
+            token = draft.add(self._reduced.expand(logits[:, -1]))  # [B, V]: -inf, so q is zero, outside the map
             if not draft.more():
                 break
             fed = token[:, None]

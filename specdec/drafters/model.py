@@ -139,14 +139,14 @@ class ModelDrafter(Drafter):
 
     @no_grad
     def propose(self, state, max_tokens, keep_drafting) -> Draft:
-        draft = TokenByToken(state, max_tokens, keep_drafting, self.alternatives)
+        draft = TokenByToken(state, max_tokens, keep_drafting, self.alternatives, reduced=self._reduced is not None)
         fed = None  # the first read of a round catches up on the committed tokens by itself
         while True:
             logits = self._cached.read(state, fed)[:, -1].float()  # [B, V] (or [B, V'] from a reduced head)
             state.draft_calls += 1
             if self._reduced is not None:
                 logits = self._reduced.expand(logits)  # [B, V], -inf outside the map: q is zero there
-            token = draft.add(state.process(logits[:, None], draft.so_far)[:, 0])  # [B]
+            token = draft.add(logits)  # [B]
             if not draft.more():
                 break
             fed = token[:, None]

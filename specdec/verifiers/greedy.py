@@ -43,7 +43,9 @@ def greedy_verdict(draft: Draft, scores: torch.Tensor) -> Verdict:
         target_probs = torch.softmax(at_next, dim=-1).gather(1, next_token[:, None])[:, 0]
         return Verdict(accepted=torch.zeros_like(next_token), next_token=next_token, target_probs=target_probs)
     target_tokens = scores.argmax(-1)  # [B, K + 1]
-    agree = (draft.tokens == target_tokens[:, :width]) & draft.in_draft()
+    agree = draft.tokens == target_tokens[:, :width]
+    if not draft.full:
+        agree &= draft.in_draft()
     accepted = agree.long().cumprod(1).sum(1)  # [B]: length of the agreeing prefix
     next_token = target_tokens.gather(1, accepted[:, None])[:, 0]  # [B]
     at_next = scores.gather(1, accepted[:, None, None].expand(-1, 1, scores.shape[-1]))[:, 0]  # [B, V]

@@ -46,8 +46,8 @@ class RejectionVerifier(Verifier):
                            target_probs=p_next.gather(1, next_token[:, None])[:, 0])
         vocab = scores.shape[-1]
         p = torch.softmax(scores.float(), dim=-1)  # [B, K + 1, V] fp32
-        in_draft = draft.in_draft()  # [B, K]
-        tokens = draft.tokens.masked_fill(~in_draft, 0)  # [B, K]; padding columns are never read
+        in_draft = None if draft.full else draft.in_draft()  # [B, K]; None: no padding
+        tokens = draft.tokens if in_draft is None else draft.tokens.masked_fill(~in_draft, 0)  # padding is never read
         p_token = p[:, :width].gather(2, tokens[..., None])[..., 0]  # [B, K]
         if draft.probs is None:
             q_token = torch.ones_like(p_token)  # one-hot q
@@ -56,7 +56,9 @@ class RejectionVerifier(Verifier):
 
         # Keep with probability min(1, p / q): u < p / q, without dividing (q > 0 for a drawn token).
         u = torch.rand(batch, width, generator=generator, device=scores.device)  # [B, K]
-        keep = (u * q_token < p_token) & in_draft
+        keep = u * q_token < p_token
+        if in_draft is not None:
+            keep &= in_draft
         accepted = keep.long().cumprod(1).sum(1)  # [B]: drafts kept before the first rejection
 
         p_next = p.gather(1, accepted[:, None, None].expand(-1, 1, vocab))[:, 0]  # [B, V]
