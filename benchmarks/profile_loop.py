@@ -6,6 +6,12 @@
 Prints ms per iteration and cProfile's top functions by own time: the share spent in the models'
 forwards versus the loop's own bookkeeping.
 
+    python benchmarks/profile_loop.py --ops [--k 5] [--temperature 0.7 --top-p 0.9]
+
+instead counts the tensor ops each iteration dispatches outside the models' forwards (a
+``TorchDispatchMode``: deterministic, unlike a timing on a noisy host), with constant ``--k``, and
+the call sites that dispatch most. On a CPU each costs 5-10 us.
+
     python benchmarks/profile_loop.py --plain-floor [--repeats 5]
 
 instead times specdec's plain steps (constant k = 0) against the target's own ``generate`` on the
@@ -40,6 +46,8 @@ parser.add_argument("--sort", default="tottime", help="pstats order: tottime or 
 parser.add_argument("--top", type=int, default=20, help="functions to print")
 parser.add_argument("--plain-floor", action="store_true", help="time plain steps against generate (see above)")
 parser.add_argument("--repeats", type=int, default=5, help="interleaved repeats for --plain-floor")
+parser.add_argument("--ops", action="store_true", help="count tensor ops per iteration (see above)")
+parser.add_argument("--k", type=int, default=None, help="with --ops: a constant lookahead (default: the config's policy)")
 args = parser.parse_args()
 if args.plain_floor and args.batch_size != 1:
     parser.error("--plain-floor times batch 1 (generate's finished rows run on as padding; the token counts would differ)")
@@ -50,6 +58,8 @@ sampling = {}
 if args.temperature > 0:
     config = config.with_choices(verifier="rejection")
     sampling = dict(do_sample=True, temperature=args.temperature, top_p=args.top_p)
+if args.k is not None:
+    config = config.with_choices(policy="constant", policy_options={"k": args.k})
 decoder = SpeculativeDecoder.from_config(config, target=target)
 lines = (ROOT / "models/python-pair/prompts.jsonl").read_text().splitlines()[: args.prompts]
 prompts = [json.loads(line)["prompt"] for line in lines]
@@ -102,6 +112,48 @@ if args.plain_floor:
     print(f"specdec k=0 runs at {ratio:.3f}x of generate (median of {args.repeats} paired repeats)")
     print("specdec's phases (last repeat), ms per iteration:",
           {name: round(ms, 3) for name, ms in phases.per_iteration_ms().items()})
+    raise SystemExit(0)
+
+if args.ops:
+    import collections
+    import traceback
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    # Ops of the loop's iterations only: not the request's set-up, not the models' forwards.
+    inside = {"iteration": False, "forwards": 0}
+    sites: collections.Counter = collections.Counter()
+    package = str(ROOT / "specdec")
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if inside["iteration"] and not inside["forwards"]:
+                frames = [frame for frame in traceback.extract_stack() if frame.filename.startswith(package)]
+                where = f"{frames[-1].filename[len(package) + 1:]}:{frames[-1].lineno}" if frames else "?"
+                sites[where, str(func)] += 1
+            return func(*args, **(kwargs or {}))
+
+    iterate = SpeculativeDecoder._iterate
+
+    def counted(self, state):
+        inside["iteration"] = True
+        try:
+            iterate(self, state)
+        finally:
+            inside["iteration"] = False
+
+    SpeculativeDecoder._iterate = counted
+    for model in {id(m): m for m in (target, getattr(decoder.drafter, "model", None)) if m is not None}.values():
+        model.register_forward_pre_hook(lambda *_: inside.__setitem__("forwards", inside["forwards"] + 1))
+        model.register_forward_hook(lambda *_: inside.__setitem__("forwards", inside["forwards"] - 1))
+    iterations = 0
+    with Count():
+        for batch in batches:
+            iterations += decoder.generate(**batch, max_new_tokens=args.max_new_tokens, **sampling).stats.iterations
+    total = sum(sites.values())
+    print(f"{total / iterations:.1f} tensor ops per iteration outside the forwards ({iterations} iterations)")
+    for (where, op), count in sites.most_common(args.top):
+        print(f"{count / iterations:8.2f}  {where:40s} {op}")
     raise SystemExit(0)
 
 for batch in batches[:2]:  # warm-up

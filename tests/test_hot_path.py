@@ -154,7 +154,7 @@ class TestIterationOps:
     the floor of every policy that falls back to them, keep up with ``generate``: 112 ops per plain
     greedy iteration (164 sampled) ran 0.90-0.95x of ``generate`` on the bundled pair's 16 ms step,
     and 50 (81) ran 0.99x (docs/benchmarks.md, stop 30). A drafted iteration pays the same per draft
-    forward: 221 ops at k = 5 (513 sampled) on the bundled pair before stop 31, 142 (326) after.
+    forward: 218 ops at k = 5 (499 sampled) on the bundled pair before stop 31, 140 (321) after.
     Counted with a dispatch mode, not timed."""
 
     @staticmethod
