@@ -51,9 +51,9 @@ class TokenByToken:
         # With no policy judging each position, and no row that can run out of tokens to draft (a
         # reduced-vocabulary draft whose processors allow only tokens outside its map: Whisper's
         # timestamp grammar forcing a timestamp), every row drafts its budget: a position is its
-        # token and nothing else, and q, the tokens and the lengths are put together once in
-        # ``draft``. On a CPU the per-position masks and copies cost 5-10 us a tensor op, 10% of a
-        # small draft model's step (docs/benchmarks.md, stops 15 and 31).
+        # processors, its q when sampling and its token, and the tokens, q and the lengths are put
+        # together once in ``draft``. On a CPU the per-position masks and copies cost 5-10 us a
+        # tensor op, 10% of a small draft model's step (docs/benchmarks.md, stops 15 and 31).
         listening = keep_drafting is not None and getattr(keep_drafting, "listening", True)
         self._lean = not (listening or reduced and state.processors)
         if self._lean:
