@@ -115,45 +115,16 @@ if args.plain_floor:
     raise SystemExit(0)
 
 if args.ops:
-    import collections
-    import traceback
+    from specdec.observers.ops import iteration_ops
 
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    # Ops of the loop's iterations only: not the request's set-up, not the models' forwards.
-    inside = {"iteration": False, "forwards": 0}
-    sites: collections.Counter = collections.Counter()
-    package = str(ROOT / "specdec")
-
-    class Count(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if inside["iteration"] and not inside["forwards"]:
-                frames = [frame for frame in traceback.extract_stack() if frame.filename.startswith(package)]
-                where = f"{frames[-1].filename[len(package) + 1:]}:{frames[-1].lineno}" if frames else "?"
-                sites[where, str(func)] += 1
-            return func(*args, **(kwargs or {}))
-
-    iterate = SpeculativeDecoder._iterate
-
-    def counted(self, state):
-        inside["iteration"] = True
-        try:
-            iterate(self, state)
-        finally:
-            inside["iteration"] = False
-
-    SpeculativeDecoder._iterate = counted
-    for model in {id(m): m for m in (target, getattr(decoder.drafter, "model", None)) if m is not None}.values():
-        model.register_forward_pre_hook(lambda *_: inside.__setitem__("forwards", inside["forwards"] + 1))
-        model.register_forward_hook(lambda *_: inside.__setitem__("forwards", inside["forwards"] - 1))
     iterations = 0
-    with Count():
+    models = [model for model in (target, getattr(decoder.drafter, "model", None)) if model is not None]
+    with iteration_ops(models, sites=True) as count:
         for batch in batches:
             iterations += decoder.generate(**batch, max_new_tokens=args.max_new_tokens, **sampling).stats.iterations
-    total = sum(sites.values())
-    print(f"{total / iterations:.1f} tensor ops per iteration outside the forwards ({iterations} iterations)")
-    for (where, op), count in sites.most_common(args.top):
-        print(f"{count / iterations:8.2f}  {where:40s} {op}")
+    print(f"{count.total / iterations:.1f} tensor ops per iteration outside the forwards ({iterations} iterations)")
+    for (where, op), ops in count.sites.most_common(args.top):
+        print(f"{ops / iterations:8.2f}  {where:40s} {op}")
     raise SystemExit(0)
 
 for batch in batches[:2]:  # warm-up

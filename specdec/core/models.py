@@ -80,6 +80,12 @@ _REPLAY_STEPS = {
 _ROW_BLOCKS = {"gpt_neo", "roformer", "trocr"}
 
 
+def _last_columns(logits: torch.Tensor, n: int) -> torch.Tensor:
+    """``logits[:, -n:]``, without the slice (a tensor op: 5-10 us on a CPU) when the model already
+    returned only those (``logits_to_keep``)."""
+    return logits if logits.shape[1] == n else logits[:, -n:]
+
+
 def _text_model_type(model: PreTrainedModel) -> str:
     return model.config.get_text_config(decoder=True).model_type
 
@@ -408,8 +414,7 @@ class CausalLMRunner:
               else nullcontext()), \
                 (gqa_steps(self.model) if self.grouped_steps and step and not one_token else nullcontext()):
             out = call(attention_mask=attention_mask, position_ids=position_ids, use_cache=True, **kwargs)
-        logits = out.logits if out.logits.shape[1] == logits_to_keep else out.logits[:, -logits_to_keep:]
-        logits = slots.to_active(logits)
+        logits = slots.to_active(_last_columns(out.logits, logits_to_keep))
         return (logits, slots.to_active(out.hidden_states[-1][:, -input_ids.shape[1]:])) if hidden else logits
 
 
@@ -689,8 +694,7 @@ class Seq2SeqRunner:
                 **{self._cache_argument: slots.cache},
                 **tokens,
             )
-        logits = out.logits if out.logits.shape[1] == logits_to_keep else out.logits[:, -logits_to_keep:]
-        logits = slots.to_active(logits)
+        logits = slots.to_active(_last_columns(out.logits, logits_to_keep))
         return (logits, slots.to_active(out.decoder_hidden_states[-1][:, -input_ids.shape[1]:])) if hidden else logits
 
 

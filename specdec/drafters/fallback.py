@@ -90,7 +90,8 @@ class FallbackDrafter(Drafter):
 
         with self.first.blame("propose"):
             first = self.first.propose(state, max_tokens, keep_drafting)
-        # Prompt lookup hands its lengths over on the host; a model drafter as `first` costs a sync here.
+        # Prompt lookup, and a model drafter that no policy stops per position (TokenByToken's lean
+        # path), hand their lengths over on the host; otherwise reading them here is a sync.
         covered_host = first.lengths_host if first.lengths_host is not None else first.lengths.cpu()
         rest = torch.where(covered_host > 0, 0, max_tokens)  # [B] CPU: budgets of the rows first left empty
         if self.then_max_tokens is not None:
