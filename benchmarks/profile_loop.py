@@ -115,7 +115,7 @@ if args.plain_floor:
     raise SystemExit(0)
 
 if args.ops:
-    from specdec.observers.ops import iteration_ops
+    from specdec.decoding.ops import iteration_ops
 
     iterations = 0
     models = [model for model in (target, getattr(decoder.drafter, "model", None)) if model is not None]

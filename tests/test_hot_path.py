@@ -159,7 +159,7 @@ class TestIterationOps:
 
     @staticmethod
     def ops_per_iteration(target, draft_model, sampled: bool, batch: int, k: int = 0) -> float:
-        from specdec.observers.ops import iteration_ops
+        from specdec.decoding.ops import iteration_ops
         from specdec.policies import ConstantLookahead
         from specdec.verifiers import RejectionVerifier
 

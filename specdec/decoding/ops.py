@@ -33,7 +33,7 @@ def iteration_ops(models, sites: bool = False):
     a stack walk per op). Yields an ``OpCount``."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from ..decoding.loop import SpeculativeDecoder
+    from .loop import SpeculativeDecoder
 
     count, inside = OpCount(), {"iteration": False, "forwards": 0}
     package = str(Path(__file__).resolve().parent.parent)
