@@ -531,6 +531,7 @@ class TestOptions:
             ({"probe_backoff": 0}, "probe_backoff"),
             ({"max_k": "8"}, "max_k"),
             ({"objective": "fastest"}, "objective"),
+            ({"resume_margin": -0.05}, "resume_margin"),
             ({"per_position": "yes"}, "per_position"),
             ({"alternatives": "sometimes"}, "alternatives"),
             ({"alternatives": True}, "alternatives"),
@@ -616,6 +617,7 @@ def test_the_draft_models_first_read_of_a_request_is_not_the_price_of_resuming()
     policy.plan(state, alpha=torch.tensor([0.99]))
     assert 1 not in policy._resume  # not the price of resuming
     assert {kk: (fit.weight[kk], fit.mean[kk]) for kk in fit.weight} == cells  # nor k's cost
+    assert policy._first_read[1] == pytest.approx([1.0, 40.0])  # the first read's own price
     policy._pending, policy._drafted = (3, 1, 0, now[0], True, False), False  # iteration 3: a plain step
     now[0] += 1.0
     state.iteration = 4
@@ -714,6 +716,45 @@ def test_a_stretch_ends_where_a_confidence_stop_made_the_iteration_plain():
         state.iteration += 1
     assert policy._stretch[1] == pytest.approx([1.0, 2.0])
     assert policy._run is None
+
+
+def test_a_probe_in_a_request_that_has_not_drafted_pays_the_draft_models_first_read():
+    """Out of plain steps in a request that has not drafted yet, a probe's first drafted iteration
+    reads the prompt and every token so far into the draft model (at batch 16 on the bundled pair
+    11 plain steps, where a resume costs 1): it waits for credit worth that whole read, not the price
+    of resuming, and not a share of it spread over a stretch."""
+    def probed(drafted_in_request: bool) -> list[int]:
+        policy = fed(CostAwareLookahead(probe_rate=0.5, probe_backoff=1), 1, {0: 10.0, 1: 20.0, 4: 50.0})
+        policy._resume[1] = [1.0, 5.0]
+        policy._stretch[1] = [1.0, 5.0]  # a resume buys 5 drafted iterations: 1 s of catch-up each
+        policy._first_read[1] = [1.0, 40.0]
+        policy._drafted_in_request = drafted_in_request
+        return [i for i in range(30) if policy.choose(1, torch.tensor([0.9]), torch.tensor([100])).probing]
+
+    # k = 1 twice: 20 + 20 + 40 - 2 x 10 = 6 plain steps of price, 12 iterations of credit at rate 0.5
+    assert probed(False)[:4] == [11, 12, 24, 25]
+    # once the draft model has read the prompt, a probe pays a resume:
+    # 20 + 20 + 5 - 2 x 10 = 2.5 plain steps, 5 iterations
+    assert probed(True)[:4] == [4, 5, 10, 11]
+
+
+def test_out_of_plain_steps_drafting_must_beat_them_by_the_resume_margin():
+    """In a batch, drafting is taken up only where it beats plain steps by ``resume_margin`` (the
+    estimate of the slowest row near break-even errs, and drafting leaves holes that later plain
+    steps pay for), and, once taken up, kept while it beats them at all. A lone row has neither
+    excuse: no margin."""
+    times = {0: 10.0, 1: 14.7, 2: 19.4}  # k = 1 at alpha 0.5: 1.5 tokens in 14.7 s, 2% more per second
+    alpha, budget = torch.tensor([0.5, 0.5]), torch.tensor([100, 100])
+    policy = fed(CostAwareLookahead(probe_rate=0.0), 2, times)
+    decision = policy.choose(2, alpha, budget)
+    assert decision.goodput[1] == pytest.approx(1.02 * decision.goodput[0], rel=1e-3)
+    assert decision.k == 0  # out of plain steps: 2% is inside the 5% margin
+    policy._drafted = True  # the iteration before drafted
+    assert policy.choose(2, alpha, budget).k == 1
+    policy = fed(CostAwareLookahead(probe_rate=0.0, resume_margin=0.0), 2, times)
+    assert policy.choose(2, alpha, budget).k == 1
+    policy = fed(CostAwareLookahead(probe_rate=0.0), 1, times)
+    assert policy.choose(1, alpha[:1], budget[:1]).k == 1
 
 
 def test_a_probes_catch_up_is_the_price_of_resuming_too():

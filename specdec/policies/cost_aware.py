@@ -52,13 +52,27 @@ forward passes and no host syncs of its own:
     the rows apart and the tail of a few slow rows ran at 50-60 ms an iteration.
   - ``throughput``: ``sum_b E_b(k) / T(B, k)``, the rows' tokens per second now; right where
     finished rows are replaced at once (a server's continuous batching). The same for one row.
+
+  In a batch of several rows, out of plain steps (and at a request's start), drafting is taken up
+  only where it beats them by ``resume_margin`` (5%), and once taken up it is kept while it beats
+  them at all. Near break-even a batch's estimate errs towards drafting: each row's acceptance is
+  shrunk towards the pooled one, so the slowest row, which decides the makespan, looks better than
+  it is, and its evidence ages back to the pool within a few plain steps; and drafting leaves holes
+  in the target's cache that later plain steps pay 3-6% for. Without the margin, prompt lookup at
+  batch 16 drafted a k = 1 iteration every 4-6 plain steps, each at 1.35 plain steps, and ran 0.91x
+  of constant k = 0; with it, 0.97x (``docs/benchmarks.md``, stop 32). A lone row has no slowest row
+  to overrate and never holds holes (its rejected drafts are cut off), and the margin cost it: 0.944
+  of the best constant k against 0.987 in the n-gram replay (``benchmarks/lookahead_replay.py``).
 * **Probing.** A share ``probe_rate`` of iterations tries another k: while speculating, k = 0 (the
   intercept) or a k two away from the best (the slope); while not speculating, the best
   speculative k for two iterations (so acceptance and its cost stay measured and the policy
   notices when drafting pays again). Probes are scheduled deterministically (every
   1 / probe_rate iterations; out of plain steps, once the plain steps since the last probe, times
   probe_rate, are worth what the probe's two drafted iterations cost beyond two plain steps, its
-  catch-up included, so that a dear probe is a rare one); each probe that leaves the best k where it was makes the next one
+  whole catch-up included, so that a dear probe is a rare one; in a request that has not drafted
+  yet, the catch-up is the draft model's first read of the prompt and every token so far, kept
+  apart per batch size: at batch 16 on the bundled pair 11 plain steps, where a resume costs 1);
+  each probe that leaves the best k where it was makes the next one
   twice as rare, up to ``probe_backoff`` times, and a probe that moves it restores the rate: where
   speculation keeps not paying, probing (a drafted iteration at a loss) costs less and less.
 * **First-position alternatives** (``Draft.alternatives``, greedy decoding) widen the verify by a
@@ -378,6 +392,7 @@ class CostAwareLookahead(LookaheadPolicy):
     prior_strength: float = attrs.field(default=4.0, validator=_non_negative_number)
     probe_backoff: int = attrs.field(default=8, validator=integer(1))
     objective: str = attrs.field(default="makespan", validator=_objective)
+    resume_margin: float = attrs.field(default=0.05, validator=_non_negative_number)
     per_position: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     alternatives: str = attrs.field(default="auto", validator=_alternatives)
     clock: Callable[[], float] = attrs.field(default=time.perf_counter, validator=_callable, repr=False)
@@ -408,6 +423,10 @@ class CostAwareLookahead(LookaheadPolicy):
     # bucket -> [decayed weight, mean seconds] an iteration that drafts after a plain one takes beyond
     # the fit's k: the drafter's catch-up, the price of resuming (kept across requests, like the fits)
     _resume: dict[int, list[float]] = attrs.field(factory=dict, init=False, repr=False)
+    # bucket -> [decayed weight, mean seconds] the same for a request's first drafting iteration after
+    # plain ones: the draft model reads the prompt and every token committed so far (at batch 16 on the
+    # bundled pair 11 plain steps, against a resume's 1)
+    _first_read: dict[int, list[float]] = attrs.field(factory=dict, init=False, repr=False)
     # bucket -> [decayed weight, mean] drafted iterations in a row that a resume bought, up to the next
     # plain step or the request's end: what one resume's price is spread over. Only stretches that
     # began with a resume count; a request's first, which pays no catch-up, would make it look cheap.
@@ -560,6 +579,8 @@ class CostAwareLookahead(LookaheadPolicy):
             costs = {k: seconds + price if k > 0 else seconds for k, seconds in costs.items()}
         gains = self.goodput(alpha, budget, costs)
         best = max(gains, key=lambda k: (gains[k], -k))
+        if best > 0 and batch > 1 and not self._drafted and gains[best] < gains[0] * (1 + self.resume_margin):
+            best = 0
         if self._probe_next is not None:  # the timed half of a probe out of plain steps
             k, self._probe_next = self._probe_next, None
             return Decision(k=k, best_k=best, probing=True, batch=batch, costs=costs, goodput=gains)
@@ -577,7 +598,11 @@ class CostAwareLookahead(LookaheadPolicy):
             # 0.3-0.55 s, 10-17 plain steps (the draft model reading 16 prompts and what followed);
             # probed at the iteration rate, cost-aware ran 0.99x of the target where its own plain
             # steps ran 1.20x (docs/benchmarks.md, stops 21 and 22).
-            price = max(price, (costs[drafting] + warm[drafting] - 2 * costs[0]) / costs[0])
+            # It pays the whole catch-up, for two drafted iterations, not a stretch; in a request
+            # that has not drafted yet, the draft model's first read: at batch 16 on the bundled pair
+            # 0.48 s, 11 plain steps, priced as a resume's 2 (docs/benchmarks.md, stop 32).
+            catch_up = self._catch_up(bucket_of(batch))
+            price = max(price, (2 * warm[drafting] + catch_up - 2 * costs[0]) / costs[0])
         if self._probe_credit >= price:
             self._probe_credit -= price
             probing = True
@@ -631,6 +656,16 @@ class CostAwareLookahead(LookaheadPolicy):
         self._drafted = width > 0
         self._drafted_in_request = self._drafted_in_request or self._drafted
         return torch.full((batch,), k, dtype=torch.long)
+
+    def _catch_up(self, bucket: int) -> float:
+        """Seconds a drafted iteration now takes beyond the fit's k: 0 right after a drafted one; out
+        of plain steps the price of resuming, or, where this request has not drafted yet, that of the
+        draft model's first read (the price of resuming until one was measured)."""
+        if self._drafted:
+            return 0.0
+        cell = self._first_read.get(bucket) if not self._drafted_in_request else None
+        cell = cell or self._resume.get(bucket)
+        return cell[1] if cell is not None else 0.0
 
     def _stretch_length(self, bucket: int) -> float:
         """Drafted iterations in a row a resume has bought in this bucket (1 before any)."""
@@ -695,7 +730,7 @@ class CostAwareLookahead(LookaheadPolicy):
             return
         previous, batch, width, started, warm, first = self._pending
         self._pending = None
-        if not (previous > 0 and iteration == previous + 1) or first:
+        if not (previous > 0 and iteration == previous + 1):
             return
         bucket = bucket_of(batch)
         fit = self._fits.setdefault(bucket, CostFit(log_batch=math.log2(batch)))
@@ -717,7 +752,8 @@ class CostAwareLookahead(LookaheadPolicy):
         if costs is not None:
             # Not clipped at 0: a noisy negative excess cancels a noisy positive one.
             excess = seconds / fit.load - costs[width]
-            _add_to_cell(self._resume.setdefault(bucket, [0.0, 0.0]), excess, self.decay)
+            cells = self._first_read if first else self._resume
+            _add_to_cell(cells.setdefault(bucket, [0.0, 0.0]), excess, self.decay)
 
     def on_step(self, state, step) -> None:
         requested = self.requested
