@@ -1,0 +1,115 @@
+"""What ``cost-aware`` chooses in a batch, pass after pass, against constant k = 0 on the bundled pair.
+
+    OMP_NUM_THREADS=1 python benchmarks/batch_trace.py [--drafter ngram|model] [--batch-size 16] \
+        [--passes 5] [--json trace.json]
+
+The policy first decodes the batch-1 and batch-4 passes that ``policy_grid.py`` runs before its
+batch-16 cell (one each: it keeps what it measured across requests, as in a server), then
+``--passes`` passes of ``--num-prompts`` prompts at ``--batch-size``, each right after constant
+k = 0 on the same prompts (interleaved, so that load drift hits both). Per pass: both times, their
+ratio and the tokens the policy drafted; then the k it chose at every iteration of the batch (``p``
+marks a probe), and every iteration it timed that drafted (its seconds, whether it followed a
+drafted iteration, whether it was the request's first to draft). ``--json`` keeps every decision
+(costs and goodput for k <= 3, the slowest and the mean row acceptance) and timing. Greedy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # this checkout's specdec, not an installed copy
+
+from specdec import SpeculativeDecoder  # noqa: E402
+from specdec.config import SpecdecConfig  # noqa: E402
+from specdec.drafters import ModelDrafter, NGramDrafter  # noqa: E402
+from specdec.policies import ConstantLookahead, CostAwareLookahead  # noqa: E402
+from specdec.policies.cost_aware import bucket_of  # noqa: E402
+from specdec.verifiers import GreedyVerifier  # noqa: E402
+
+
+class Traced(CostAwareLookahead):
+    """``cost-aware`` that logs each decision and each iteration it timed into ``log``."""
+
+    log: list
+
+    def _record(self, iteration, now):
+        if self._pending is not None:
+            previous, batch, width, started, warm, first = self._pending
+            self.log.append(dict(iteration=previous, batch=batch, width=width, seconds=now - started,
+                                 after_drafting=warm, first=first))
+        super()._record(iteration, now)
+
+    def plan(self, state, alpha=None):
+        out = super().plan(state, alpha)
+        decision, rows = self.decision, self._row_alphas(state.rows_host.tolist())
+        bucket = bucket_of(decision.batch)
+        self.log.append(dict(batch=decision.batch, k=decision.k, probing=decision.probing,
+                             costs={k: c for k, c in (decision.costs or {}).items() if k <= 3},
+                             goodput={k: g for k, g in decision.goodput.items() if k <= 3},
+                             slowest_alpha=min(rows), mean_alpha=sum(rows) / len(rows),
+                             resume=self._resume.get(bucket), first_read=self._first_read.get(bucket)))
+        return out
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--drafter", choices=("ngram", "model"), default="ngram")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--num-prompts", type=int, default=16)
+    parser.add_argument("--passes", type=int, default=5)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    config = SpecdecConfig.from_toml(ROOT / "plugins.toml")
+    target, tokenizer = config.load_target()
+    from transformers import AutoModelForCausalLM
+
+    draft = AutoModelForCausalLM.from_pretrained(ROOT / "models/python-pair/draft")
+    prompts = [json.loads(line)["prompt"] for line in open(ROOT / "models/python-pair/prompts.jsonl")]
+
+    def make(policy):
+        drafter = ModelDrafter(draft) if args.drafter == "model" else NGramDrafter(max_ngram=3)
+        return SpeculativeDecoder(target=target, drafter=drafter, policy=policy, verifier=GreedyVerifier())
+
+    def run(decoder, batch_size, count):
+        chunks = [prompts[i : i + batch_size] for i in range(0, count, batch_size)]
+        encoded = [tokenizer(c, return_tensors="pt", padding=True) for c in chunks]
+        start = time.perf_counter()
+        outs = [decoder.generate(**e, max_new_tokens=args.max_new_tokens, do_sample=False) for e in encoded]
+        return time.perf_counter() - start, sum(o.stats.drafted for o in outs)
+
+    policy = Traced()
+    policy.log = []
+    plain, traced = make(ConstantLookahead(k=0)), make(policy)
+    for batch_size, count in ((1, 8), (4, 16)):  # what policy_grid.py's cost-aware decoder has seen by then
+        run(traced, batch_size, count)
+    start_of_batch = len(policy.log)
+    ratios = []
+    for index in range(args.passes):
+        plain_seconds, _ = run(plain, args.batch_size, args.num_prompts)
+        seconds, drafted = run(traced, args.batch_size, args.num_prompts)
+        ratios.append(plain_seconds / seconds)
+        print(f"pass {index}: constant k=0 {plain_seconds:.2f} s, cost-aware {seconds:.2f} s "
+              f"({ratios[-1]:.3f}x), {drafted} tokens drafted", flush=True)
+    print(f"median over passes 1-{args.passes - 1}: {statistics.median(ratios[1:] or ratios):.3f}x of constant k = 0")
+    log = policy.log[start_of_batch:]
+    print("k per iteration:", " ".join(f"{r['k']}{'p' if r['probing'] else ''}" for r in log if "k" in r))
+    for r in log:
+        if "seconds" in r and r["width"] > 0 and r["iteration"] > 0:
+            print(f"  iteration {r['iteration']}: {r['width']} drafted at batch {r['batch']}, {r['seconds'] * 1e3:.1f} ms"
+                  f"{', after drafting' if r['after_drafting'] else ''}{', the request' + chr(39) + 's first' if r['first'] else ''}")
+    if args.json:
+        args.json.write_text(json.dumps(dict(ratios=ratios, log=log), indent=1))
+
+
+if __name__ == "__main__":
+    main()
