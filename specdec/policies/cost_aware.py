@@ -60,7 +60,7 @@ forward passes and no host syncs of its own:
   it is, and its evidence ages back to the pool within a few plain steps; and drafting leaves holes
   in the target's cache that later plain steps pay 3-6% for. Without the margin, prompt lookup at
   batch 16 drafted a k = 1 iteration every 4-6 plain steps, each at 1.35 plain steps, and ran 0.91x
-  of constant k = 0; with it, 0.97x (``docs/benchmarks.md``, stop 32). A lone row has no slowest row
+  of constant k = 0; with it, 0.995x (``docs/benchmarks.md``, stop 32). A lone row has no slowest row
   to overrate and never holds holes (its rejected drafts are cut off), and the margin cost it: 0.944
   of the best constant k against 0.987 in the n-gram replay (``benchmarks/lookahead_replay.py``).
 * **Probing.** A share ``probe_rate`` of iterations tries another k: while speculating, k = 0 (the
@@ -720,11 +720,12 @@ class CostAwareLookahead(LookaheadPolicy):
         """The previous iteration took from its lookahead to this one: everything it caused
         (the draft, the verify and the loop's sync, the drafter's cache bookkeeping after
         ``on_step``, rows leaving the batch) is inside. Not recorded: the first iteration of a
-        request (it also reads the prompt), the last (no lookahead follows it), the request's first
-        that drafted (the draft model reads the prompt then), and one that drafted after one that
-        did not: what it took beyond the fit's k (the drafter's catch-up on the tokens it sat out)
-        is the price of resuming, kept apart (probes' included: resuming costs that, whoever chose
-        it)."""
+        request (it also reads the prompt) and the last (no lookahead follows it). Not recorded as
+        k: one that drafted after one that did not. What it took beyond the fit's k (the drafter's
+        catch-up on the tokens it sat out) is the price of resuming, kept apart (probes' included:
+        resuming costs that, whoever chose it), or, where it was the request's first to draft, the
+        price of the draft model's first read of the prompt and every token so far, kept apart
+        from both."""
         alternatives, self._alt_pending = self._alt_pending, None  # an untimed iteration's too
         if self._pending is None:
             return
