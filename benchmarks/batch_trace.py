@@ -28,11 +28,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's specdec, not an installed copy
 
 from specdec import SpeculativeDecoder  # noqa: E402
-from specdec.config import SpecdecConfig  # noqa: E402
 from specdec.drafters import ModelDrafter, NGramDrafter  # noqa: E402
 from specdec.policies import ConstantLookahead, CostAwareLookahead  # noqa: E402
 from specdec.policies.cost_aware import bucket_of  # noqa: E402
 from specdec.verifiers import GreedyVerifier  # noqa: E402
+
+from bundled_pair import load_bundled_pair  # noqa: E402
 
 
 class Traced(CostAwareLookahead):
@@ -69,12 +70,7 @@ def main():
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    config = SpecdecConfig.from_toml(ROOT / "plugins.toml")
-    target, tokenizer = config.load_target()
-    from transformers import AutoModelForCausalLM
-
-    draft = AutoModelForCausalLM.from_pretrained(ROOT / "models/python-pair/draft")
-    prompts = [json.loads(line)["prompt"] for line in open(ROOT / "models/python-pair/prompts.jsonl")]
+    target, tokenizer, draft, prompts = load_bundled_pair()
 
     def make(policy):
         drafter = ModelDrafter(draft) if args.drafter == "model" else NGramDrafter(max_ngram=3)

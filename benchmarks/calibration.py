@@ -13,7 +13,6 @@ power (AUC).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's specdec, not an installed copy
 
 from specdec import SpeculativeDecoder  # noqa: E402
-from specdec.config import SpecdecConfig  # noqa: E402
+from bundled_pair import load_bundled_pair  # noqa: E402
 from specdec.drafters import ModelDrafter  # noqa: E402
 from specdec.training.classifier import _OracleRecorder  # noqa: E402
 from specdec.verifiers import GreedyVerifier, RejectionVerifier  # noqa: E402
@@ -69,14 +68,10 @@ def main():
     parser.add_argument("--prompts", default="0:16")
     parser.add_argument("--sampled", action="store_true")
     args = parser.parse_args()
-    config = SpecdecConfig.from_toml(ROOT / "plugins.toml")
-    target, tokenizer = config.load_target()
-    from transformers import AutoModelForCausalLM
-
-    draft = AutoModelForCausalLM.from_pretrained(ROOT / "models/python-pair/draft")
+    target, tokenizer, draft, prompts = load_bundled_pair()
     decoder = SpeculativeDecoder(target=target, drafter=ModelDrafter(draft))
     lo, hi = (int(x) for x in args.prompts.split(":"))
-    prompts = [json.loads(line)["prompt"] for line in open(ROOT / "models/python-pair/prompts.jsonl")][lo:hi]
+    prompts = prompts[lo:hi]
     # _OracleRecorder labels with the greedy oracle only under greedy verification; under sampling
     # the label is the rejection verifier's draw (accepted < position), which is what it records too.
     recorder = collect(decoder, tokenizer, prompts, args.k, args.sampled)

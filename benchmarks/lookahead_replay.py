@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from specdec import SpeculativeDecoder  # noqa: E402
-from specdec.config import SpecdecConfig  # noqa: E402
+from bundled_pair import load_bundled_pair  # noqa: E402
 from specdec.drafters import ModelDrafter, NGramDrafter  # noqa: E402
 from specdec.policies import ConstantLookahead, CostAwareLookahead  # noqa: E402
 from specdec.policies.draft_confidence import confident  # noqa: E402
@@ -234,12 +234,8 @@ def main():
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     torch.manual_seed(0)
-    config = SpecdecConfig.from_toml(ROOT / "plugins.toml")
-    target, tokenizer = config.load_target()
-    from transformers import AutoModelForCausalLM
-
-    draft = AutoModelForCausalLM.from_pretrained(ROOT / "models/python-pair/draft")
-    prompts = [json.loads(line)["prompt"] for line in open(ROOT / "models/python-pair/prompts.jsonl")][: args.prompts]
+    target, tokenizer, draft, prompts = load_bundled_pair()
+    prompts = prompts[: args.prompts]
     if args.costs:
         costs = [float(c) for c in args.costs.split(",")]
         if len(costs) != args.max_k + 1:

@@ -26,11 +26,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's specdec, not an installed copy
 
 from specdec import SpeculativeDecoder  # noqa: E402
-from specdec.config import SpecdecConfig  # noqa: E402
 from specdec.core.packed_linear import applies_to, packed_everywhere, packs_at  # noqa: E402
 from specdec.drafters import ModelDrafter, NGramDrafter  # noqa: E402
 from specdec.policies import ConstantLookahead, CostAwareLookahead  # noqa: E402
 from specdec.verifiers import GreedyVerifier, RejectionVerifier  # noqa: E402
+
+from bundled_pair import load_bundled_pair  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -52,12 +53,7 @@ def main():
     parser.add_argument("--out", default="policy-grid.json")
     args = parser.parse_args()
     torch.manual_seed(0)
-    config = SpecdecConfig.from_toml(ROOT / "plugins.toml")
-    target, tokenizer = config.load_target()
-    from transformers import AutoModelForCausalLM
-
-    draft = AutoModelForCausalLM.from_pretrained(ROOT / "models/python-pair/draft")
-    prompts = [json.loads(line)["prompt"] for line in open(ROOT / "models/python-pair/prompts.jsonl")]
+    target, tokenizer, draft, prompts = load_bundled_pair()
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     ks = [int(k) for k in args.ks.split(",")]
     results = []

@@ -21,12 +21,11 @@ from pathlib import Path
 
 import attrs
 import torch
-from transformers import AutoModelForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's specdec, not an installed copy
 
 from specdec import SpeculativeDecoder  # noqa: E402
-from specdec.config import SpecdecConfig  # noqa: E402
+from bundled_pair import load_bundled_pair  # noqa: E402
 from specdec.core.components import Observer  # noqa: E402
 from specdec.drafters import ModelDrafter  # noqa: E402
 from specdec.policies import CostAwareLookahead  # noqa: E402
@@ -60,9 +59,8 @@ def main() -> None:
     args = parser.parse_args()
 
     torch.set_num_threads(1)
-    target, tokenizer = SpecdecConfig.from_toml(ROOT / "plugins.toml").load_target()
-    draft = AutoModelForCausalLM.from_pretrained(ROOT / "models/python-pair/draft")
-    prompts = [json.loads(line)["prompt"] for line in open(ROOT / "models/python-pair/prompts.jsonl")][: args.prompts]
+    target, tokenizer, draft, prompts = load_bundled_pair()
+    prompts = prompts[: args.prompts]
     encoded = [tokenizer([p], return_tensors="pt") for p in prompts]
     sampling = dict(do_sample=True, temperature=0.7, top_p=0.9) if args.mode == "sampled" else dict(do_sample=False)
     verifier = RejectionVerifier() if args.mode == "sampled" else GreedyVerifier()

@@ -1,0 +1,24 @@
+"""The bundled pair as the benchmark scripts load it: the target and tokenizer as ``plugins.toml``
+names them, the draft model and the held-out prompts of ``models/python-pair/``.
+
+    from bundled_pair import load_bundled_pair  # a script under benchmarks/, run as a file
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load_bundled_pair():
+    """``(target, tokenizer, draft, prompts)``: ``prompts`` is every prompt text of ``prompts.jsonl``."""
+    from transformers import AutoModelForCausalLM
+
+    from specdec.config import SpecdecConfig
+
+    target, tokenizer = SpecdecConfig.from_toml(ROOT / "plugins.toml").load_target()
+    draft = AutoModelForCausalLM.from_pretrained(ROOT / "models/python-pair/draft")
+    prompts = [json.loads(line)["prompt"] for line in open(ROOT / "models/python-pair/prompts.jsonl")]
+    return target, tokenizer, draft, prompts
