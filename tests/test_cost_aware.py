@@ -723,12 +723,12 @@ def test_a_probe_in_a_request_that_has_not_drafted_pays_the_draft_models_first_r
     reads the prompt and every token so far into the draft model (at batch 16 on the bundled pair
     11 plain steps, where a resume costs 1): it waits for credit worth that whole read, not the price
     of resuming, and not a share of it spread over a stretch."""
-    def probed(drafted_in_request: bool) -> list[int]:
+    def probed(drafted_in_request: bool, drafted: bool = False) -> list[int]:
         policy = fed(CostAwareLookahead(probe_rate=0.5, probe_backoff=1), 1, {0: 10.0, 1: 20.0, 4: 50.0})
         policy._resume[1] = [1.0, 5.0]
         policy._stretch[1] = [1.0, 5.0]  # a resume buys 5 drafted iterations: 1 s of catch-up each
         policy._first_read[1] = [1.0, 40.0]
-        policy._drafted_in_request = drafted_in_request
+        policy._drafted_in_request, policy._drafted = drafted_in_request, drafted
         return [i for i in range(30) if policy.choose(1, torch.tensor([0.9]), torch.tensor([100])).probing]
 
     # k = 1 twice: 20 + 20 + 40 - 2 x 10 = 6 plain steps of price, 12 iterations of credit at rate 0.5
@@ -736,6 +736,8 @@ def test_a_probe_in_a_request_that_has_not_drafted_pays_the_draft_models_first_r
     # once the draft model has read the prompt, a probe pays a resume:
     # 20 + 20 + 5 - 2 x 10 = 2.5 plain steps, 5 iterations
     assert probed(True)[:4] == [4, 5, 10, 11]
+    # right after a drafted iteration the draft model is up to date: 20 + 20 - 2 x 10 = 2, 4 iterations
+    assert probed(True, drafted=True)[0] == 3
 
 
 def test_out_of_plain_steps_drafting_must_beat_them_by_the_resume_margin():

@@ -573,9 +573,9 @@ class CostAwareLookahead(LookaheadPolicy):
             k = 0 if single is not None and single[0] > 0 else initial
             return Decision(k=k, best_k=k, probing=True, batch=batch)
         warm = costs
-        resume = self._resume.get(bucket_of(batch))
-        if not self._drafted and resume is not None:  # drafting now first pays the drafter's catch-up
-            price = resume[1] / self._stretch_length(bucket_of(batch))  # once for the stretch it buys
+        resume = self._catch_up(bucket_of(batch), first_read=False)
+        if resume:  # drafting now first pays the drafter's catch-up
+            price = resume / self._stretch_length(bucket_of(batch))  # once for the stretch it buys
             costs = {k: seconds + price if k > 0 else seconds for k, seconds in costs.items()}
         gains = self.goodput(alpha, budget, costs)
         best = max(gains, key=lambda k: (gains[k], -k))
@@ -657,13 +657,15 @@ class CostAwareLookahead(LookaheadPolicy):
         self._drafted_in_request = self._drafted_in_request or self._drafted
         return torch.full((batch,), k, dtype=torch.long)
 
-    def _catch_up(self, bucket: int) -> float:
+    def _catch_up(self, bucket: int, first_read: bool = True) -> float:
         """Seconds a drafted iteration now takes beyond the fit's k: 0 right after a drafted one; out
-        of plain steps the price of resuming, or, where this request has not drafted yet, that of the
-        draft model's first read (the price of resuming until one was measured)."""
+        of plain steps the price of resuming, or, where this request has not drafted yet and
+        ``first_read``, that of the draft model's first read (the price of resuming until one was
+        measured). The k choice asks without ``first_read``: the read is the request's once, and
+        charged to its first stretch it would hold short requests on plain steps."""
         if self._drafted:
             return 0.0
-        cell = self._first_read.get(bucket) if not self._drafted_in_request else None
+        cell = self._first_read.get(bucket) if first_read and not self._drafted_in_request else None
         cell = cell or self._resume.get(bucket)
         return cell[1] if cell is not None else 0.0
 
