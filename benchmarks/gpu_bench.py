@@ -25,10 +25,15 @@ also compiles what is compiled):
   specdec           the dynamic path
   specdec+static    ``static_cache=True`` (preallocated caches, fixed step shapes)
   specdec+compile   ``static_cache=True, compile="draft"`` (CUDA graphs on CUDA)
+  specdec+cost-aware  the dynamic path with the ``cost-aware`` policy instead of a constant k
 Reported: tokens/s, the speedup over ``target`` (median of paired repeats), acceptance, tokens per
 target call (tau), the ideal and the share reached, peak device memory, and the share of rows
 identical to ``target``'s own output in the same dtype (half precision: batched matmuls of
 different shapes round differently, in transformers too; 100% is expected only in float32/64).
+Each row that differs is explained: at its first differing token the target is run once more on
+the shared prefix (batch 1, the same dtype), and the gap between its logits for the two tokens is
+printed; a gap within the dtype's rounding is a near-tie that a different matmul shape flips.
+Results are written to ``--out`` after every batch size, so a run cut short keeps what it finished.
 """
 
 from __future__ import annotations
@@ -42,13 +47,14 @@ import time
 from pathlib import Path
 
 import torch
+import transformers
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's specdec, not an installed copy
 
 from specdec import SpeculativeDecoder  # noqa: E402
 from specdec.drafters import ModelDrafter  # noqa: E402
-from specdec.policies import ConstantLookahead  # noqa: E402
+from specdec.policies import ConstantLookahead, CostAwareLookahead  # noqa: E402
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 parser.add_argument("--device", default="cuda")
@@ -73,8 +79,9 @@ parser.add_argument("--tail-scale", type=float, default=0.015,
                          "o_proj and down_proj): the agreement knob; their cost is unchanged")
 parser.add_argument("--draft-noise", type=float, default=0.0, help="Gaussian noise on the draft's matrices, times their spread")
 parser.add_argument("--contenders", default=None,
-                    help="comma-separated, of target,target+static,assisted,specdec,specdec+static,specdec+compile "
-                         "(default: all; --smoke: all but specdec+compile, whose CPU compilation takes minutes)")
+                    help="comma-separated, of target,target+static,assisted,specdec,specdec+static,specdec+compile,"
+                         "specdec+cost-aware (default: all; --smoke: all but specdec+compile, whose CPU compilation "
+                         "takes minutes)")
 parser.add_argument("--seed", type=int, default=0)
 parser.add_argument("--out", default=None, help="also write the rows as JSON here")
 args = parser.parse_args()
@@ -84,8 +91,9 @@ if args.smoke:
     args.batch_sizes, args.max_new_tokens, args.prompt_tokens, args.prompts, args.repeats = "1,4", 16, "8,24", 4, 1
     args.hidden, args.layers, args.heads, args.kv_heads, args.intermediate, args.vocab = 64, 4, 4, 2, 128, 512
     args.draft_layers, args.init = 1, 0.2
-    args.contenders = args.contenders or "target,target+static,assisted,specdec,specdec+static"
-args.contenders = args.contenders or "target,target+static,assisted,specdec,specdec+static,specdec+compile"
+    args.contenders = args.contenders or "target,target+static,assisted,specdec,specdec+static,specdec+cost-aware"
+args.contenders = args.contenders or ("target,target+static,assisted,specdec,specdec+static,specdec+compile,"
+                                      "specdec+cost-aware")
 device, dtype = torch.device(args.device), getattr(torch, args.dtype)
 if device.type == "cpu":
     torch.set_num_threads(1)
@@ -175,11 +183,33 @@ def step_cost(model, batch: int, context: int = 256, repeats: int = 20) -> float
     return statistics.median(times)
 
 
+@torch.no_grad()
+def explain_differences(target, rows: list[list[int]], reference: list[list[int]], most: int = 8) -> list[dict]:
+    """For each row that differs from the target's (at most ``most``), the first differing token and
+    the target's own logits for both candidates there, from one forward over the shared prefix at
+    batch 1: a gap within the dtype's rounding says a near-tie was flipped by a different shape."""
+    found = []
+    for index, (row, expected) in enumerate(zip(rows, reference)):
+        if row == expected or len(found) >= most:
+            continue
+        # Rows are left-padded alike (same prompt batch), so the first difference is in new tokens.
+        first = next(i for i, (a, b) in enumerate(zip(row, expected)) if a != b)
+        pads = next(i for i, t in enumerate(expected) if t != 0)  # left padding: prompts never draw id 0
+        prefix = expected[pads:first]
+        logits = target(input_ids=torch.tensor([prefix], device=device), logits_to_keep=1).logits[0, -1].float()
+        a, b = expected[first], row[first]
+        found.append(dict(row=index, position=first - (len(expected) - args.max_new_tokens), target_token=a,
+                          other_token=b, target_logit=logits[a].item(), other_logit=logits[b].item(),
+                          gap=(logits[a] - logits[b]).item()))
+    return found
+
+
 def main():
     target, draft = build_pair()
     size = sum(p.numel() for p in target.parameters()) / 1e6
     draft_size = sum(p.numel() for p in draft.parameters()) / 1e6
     name = torch.cuda.get_device_name(device) if cuda else "CPU"
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}")
     print(f"device {name}, {args.dtype}; target {size:.0f}M parameters ({args.layers} layers), "
           f"draft {draft_size:.0f}M ({args.draft_layers} layers, noise {args.draft_noise}); k = {args.k}; "
           f"{args.max_new_tokens} new tokens per row")
@@ -188,9 +218,10 @@ def main():
         "specdec": dict(),
         "specdec+static": dict(static_cache=True),
         "specdec+compile": dict(static_cache=True, compile="draft"),
+        "specdec+cost-aware": dict(policy=CostAwareLookahead()),
     }
-    decoders = {label: SpeculativeDecoder(target=target, drafter=ModelDrafter(draft), policy=ConstantLookahead(k=args.k),
-                                          **options)
+    decoders = {label: SpeculativeDecoder(target=target, drafter=ModelDrafter(draft),
+                                          **{"policy": ConstantLookahead(k=args.k), **options})
                 for label, options in decoders.items() if label in wanted}
     greedy = dict(do_sample=False, max_new_tokens=args.max_new_tokens)
     results = []
@@ -235,7 +266,7 @@ def main():
         reference = [row for out in outputs["target"][0] for row in out.tolist()] if "target" in outputs else None
         base = samples.get("target")
         print(f"\nbatch {batch}: {len(rows)} prompts, {tokens} new tokens, c = {c:.3f}")
-        print(f"{'contender':16s} {'tok/s':>9s} {'vs target':>17s} {'accept':>6s} {'tau':>5s} {'ideal':>6s} "
+        print(f"{'contender':18s} {'tok/s':>9s} {'vs target':>17s} {'accept':>6s} {'tau':>5s} {'ideal':>6s} "
               f"{'of ideal':>8s} {'peak GiB':>8s} {'identical':>9s}")
         for label in runs:
             seconds = statistics.median(samples[label])
@@ -246,6 +277,8 @@ def main():
             sequences, outs = outputs[label]
             flat = [r for out in sequences for r in out.tolist()]
             row["identical"] = (sum(a == b for a, b in zip(flat, reference)) / len(flat)) if reference else None
+            if reference and label != "target":
+                row["differences"] = explain_differences(target, flat, reference)
             accept = tau = ideal = None
             if outs is not None:
                 drafted = sum(o.stats.drafted for o in outs)
@@ -259,11 +292,16 @@ def main():
             def fmt(value, spec):
                 return format(value, spec) if value is not None else "-"
 
-            print(f"{label:16s} {row['tokens_per_s']:9.1f} {speedup:6.2f}x [{min(paired):.2f}-{max(paired):.2f}] "
+            print(f"{label:18s} {row['tokens_per_s']:9.1f} {speedup:6.2f}x [{min(paired):.2f}-{max(paired):.2f}] "
                   f"{fmt(accept, '6.0%')} {fmt(tau, '5.2f')} {fmt(ideal, '5.2f')} {fmt(row['of_ideal'], '8.0%')} "
-                  f"{fmt(memory[label], '8.2f')} {fmt(row['identical'], '9.0%')}")
-    if args.out:
-        Path(args.out).write_text(json.dumps(results, indent=1))
+                  f"{fmt(memory[label], '8.2f')} {fmt(row['identical'], '9.0%')}", flush=True)
+            for difference in row.get("differences", []):
+                print(f"    row {difference['row']}: first differs at new token {difference['position']} "
+                      f"({difference['target_token']} vs {difference['other_token']}); the target's logits for them "
+                      f"at batch 1: {difference['target_logit']:.4f} vs {difference['other_logit']:.4f} "
+                      f"(gap {difference['gap']:.4f})", flush=True)
+        if args.out:  # after every batch size: a run cut short keeps what it finished
+            Path(args.out).write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":
