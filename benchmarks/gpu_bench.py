@@ -25,7 +25,9 @@ also compiles what is compiled):
   specdec           the dynamic path
   specdec+static    ``static_cache=True`` (preallocated caches, fixed step shapes)
   specdec+compile   ``static_cache=True, compile="draft"`` (CUDA graphs on CUDA)
-  specdec+cost-aware  the dynamic path with the ``cost-aware`` policy instead of a constant k
+  specdec+compile-all ``static_cache=True, compile="all"``: the target's verify steps compiled too
+  specdec+cost-aware  the dynamic path with the ``cost-aware`` policy instead of a constant k (its
+                    choices and its timings of the iterations are summarised after the table)
 Reported: tokens/s, the speedup over ``target`` (median of paired repeats), acceptance, tokens per
 target call (tau), the ideal and the share reached, peak device memory, and the share of rows
 identical to ``target``'s own output in the same dtype (half precision: batched matmuls of
@@ -54,7 +56,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout
 
 from specdec import SpeculativeDecoder  # noqa: E402
 from specdec.drafters import ModelDrafter  # noqa: E402
-from specdec.policies import ConstantLookahead, CostAwareLookahead  # noqa: E402
+from specdec.policies import ConstantLookahead  # noqa: E402
+
+from batch_trace import Traced  # noqa: E402  cost-aware, logging each decision and timed iteration
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 parser.add_argument("--device", default="cuda")
@@ -183,6 +187,31 @@ def step_cost(model, batch: int, context: int = 256, repeats: int = 20) -> float
     return statistics.median(times)
 
 
+def report_policy(policy, batch: int) -> None:
+    """What ``cost-aware`` chose at this batch size and what it measured (its log since the last report)."""
+    log, policy.log[:] = list(policy.log), []
+    decisions = [e for e in log if "k" in e and e["batch"] == batch]
+    timed = [e for e in log if "seconds" in e and e["batch"] == batch]
+    chosen = statistics.multimode([e["k"] for e in decisions]) if decisions else []
+    counts = {k: sum(e["k"] == k for e in decisions) for k in sorted({e["k"] for e in decisions})}
+    print(f"    cost-aware at batch {batch}: k chosen {counts} (mode {chosen}), "
+          f"{sum(e['probing'] for e in decisions)} probes", flush=True)
+    for width in sorted({e["width"] for e in timed}):
+        for kind, keep in (("after drafting", True), ("after plain", False)):
+            seconds = [e["seconds"] for e in timed if e["width"] == width and e["after_drafting"] == keep and not e["first"]]
+            if seconds:
+                print(f"    width {width} {kind}: {len(seconds)} timed, median {1e3 * statistics.median(seconds):.2f} ms, "
+                      f"first three {[round(1e3 * s, 1) for s in seconds[:3]]} ms, max {1e3 * max(seconds):.1f} ms")
+    first_reads = [1e3 * e["seconds"] for e in timed if e["first"]]
+    if first_reads:
+        print(f"    first reads: {len(first_reads)}, median {statistics.median(first_reads):.1f} ms")
+    if decisions and decisions[-1]["costs"]:
+        last = decisions[-1]
+        print(f"    last decision: costs (ms) {{{', '.join(f'{k}: {1e3 * c:.2f}' for k, c in last['costs'].items())}}}, "
+              f"goodput {{{', '.join(f'{k}: {g:.1f}' for k, g in last['goodput'].items())}}}, "
+              f"resume {last['resume']}, first read {last['first_read']}", flush=True)
+
+
 @torch.no_grad()
 def explain_differences(target, rows: list[list[int]], reference: list[list[int]], most: int = 8) -> list[dict]:
     """For each row that differs from the target's (at most ``most``), the first differing token and
@@ -214,11 +243,14 @@ def main():
           f"draft {draft_size:.0f}M ({args.draft_layers} layers, noise {args.draft_noise}); k = {args.k}; "
           f"{args.max_new_tokens} new tokens per row")
     wanted = args.contenders.split(",")
+    traced = Traced()
+    traced.log = []
     decoders = {
         "specdec": dict(),
         "specdec+static": dict(static_cache=True),
         "specdec+compile": dict(static_cache=True, compile="draft"),
-        "specdec+cost-aware": dict(policy=CostAwareLookahead()),
+        "specdec+compile-all": dict(static_cache=True, compile="all"),
+        "specdec+cost-aware": dict(policy=traced),
     }
     decoders = {label: SpeculativeDecoder(target=target, drafter=ModelDrafter(draft),
                                           **{"policy": ConstantLookahead(k=args.k), **options})
@@ -300,6 +332,8 @@ def main():
                       f"({difference['target_token']} vs {difference['other_token']}); the target's logits for them "
                       f"at batch 1: {difference['target_logit']:.4f} vs {difference['other_logit']:.4f} "
                       f"(gap {difference['gap']:.4f})", flush=True)
+        if "specdec+cost-aware" in decoders:
+            report_policy(decoders["specdec+cost-aware"].policy, batch)
         if args.out:  # after every batch size: a run cut short keeps what it finished
             Path(args.out).write_text(json.dumps(results, indent=1))
 

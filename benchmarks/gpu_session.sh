@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# One prepared device session for issue 17 (run from the repository root on a CUDA machine; about 9 minutes).
-# Carries transformers 5.24 as a wheel in .whl/ (the image holds an older one), then:
-#   1. the one-sync-per-iteration test on the device (tests/test_hot_path.py::TestOneSyncPerIteration);
-#   2. gpu_bench.py eager: target, assisted, specdec (dynamic, static, cost-aware) at batch 1, 4, 16, 64;
-#   3. gpu_bench.py compiled: target+static (transformers' compiled static cache) and specdec+compile.
-# Each stage has its own time limit, and gpu_bench writes its JSON after every batch size, so a stage
-# cut short keeps what it finished. Everything goes to ${OUT:-gpu_out}/.
+# One prepared device session for issue 17 (run from the repository root on a CUDA machine).
+# Carries transformers 5.24 as wheels in .whl/ (the image holds an older one), then:
+#   1. every sync the loop makes outside its commit (benchmarks/sync_sites.py), and the test that
+#      fails on one (tests/test_hot_path.py::TestOneSyncPerIteration);
+#   2. gpu_bench.py eager: target, assisted (batch 1), specdec dynamic, static and cost-aware;
+#   3. gpu_bench.py compiled: target+static (transformers' compiled static cache) against specdec
+#      with its draft steps (compile="draft") or all its steps (compile="all") compiled.
+# The defaults take about 9 minutes on an H200; the variables below shrink a run to what is left.
+# Each stage has its own time limit, and gpu_bench writes its JSON after every batch size, so a
+# stage cut short keeps what it finished. Everything goes to ${OUT:-gpu_out}/.
 set -u
 out=${OUT:-gpu_out}
 mkdir -p "$out"
@@ -17,13 +20,17 @@ fi
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import sys, torch, transformers; print(sys.version.split()[0], torch.__version__, transformers.__version__)"
-echo "== stage 1: one sync per iteration on the device"
-timeout "${STAGE1_S:-100}" python3 -m pytest -q -p no:cacheprovider tests/test_hot_path.py -k OneSync 2>&1 | tail -15
+echo "== stage 1: syncs outside the commit"
+timeout "${STAGE1_S:-60}" python3 benchmarks/sync_sites.py
+timeout "${STAGE1_S:-60}" python3 -m pytest -q -p no:cacheprovider tests/test_hot_path.py -k OneSync 2>&1 | tail -15
 echo "== stage 2: eager contenders"
-timeout "${STAGE2_S:-260}" python3 benchmarks/gpu_bench.py --device cuda --dtype bfloat16 --batch-sizes 1,4,16,64 \
-    --prompts 4 --repeats 3 --contenders target,assisted,specdec,specdec+static,specdec+cost-aware \
+timeout "${STAGE2_S:-260}" python3 benchmarks/gpu_bench.py --device cuda --dtype bfloat16 \
+    --batch-sizes "${EAGER_BATCHES:-1,4,16,64}" --prompts "${PROMPTS:-4}" --repeats "${REPEATS:-3}" \
+    --contenders "${EAGER_CONTENDERS:-target,assisted,specdec,specdec+static,specdec+cost-aware}" \
     --out "$out/bench_eager.json"
 echo "== stage 3: compiled contenders"
-timeout "${STAGE3_S:-170}" python3 benchmarks/gpu_bench.py --device cuda --dtype bfloat16 --batch-sizes 16,1 \
-    --prompts 4 --repeats 2 --contenders target,target+static,specdec+compile --out "$out/bench_compiled.json"
+timeout "${STAGE3_S:-200}" python3 benchmarks/gpu_bench.py --device cuda --dtype bfloat16 \
+    --batch-sizes "${COMPILED_BATCHES:-16,1}" --prompts "${PROMPTS:-4}" --repeats "${REPEATS:-3}" \
+    --contenders "${COMPILED_CONTENDERS:-target,target+static,specdec+compile,specdec+compile-all}" \
+    --out "$out/bench_compiled.json"
 echo "== done"

@@ -98,12 +98,12 @@ class TestOneSyncPerIteration:
         commits = []
         commit = DecodeState.commit
 
-        def commit_allowed_to_sync(self, *args):
+        def commit_allowed_to_sync(self, *args, **kwargs):
             # The iteration's one sync: allowed here and nowhere else.
             commits.append(1)
             torch.cuda.set_sync_debug_mode("default")
             try:
-                return commit(self, *args)
+                return commit(self, *args, **kwargs)
             finally:
                 torch.cuda.set_sync_debug_mode("error")
 

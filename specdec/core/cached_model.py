@@ -72,7 +72,8 @@ class CachedModel:
         self.runner.grouped_steps = (not self.runner.rereads and not self.runner.compiled_steps
                                      and gqa_attention.applies_to(self.model))
         if self.slots is not None:
-            self.slots.prompt_lengths = (state.prompt_width - state.padding_host).to(state.device)
+            # A drafter's begin runs inside the loop (its first draft): no sync for the copy.
+            self.slots.prompt_lengths = (state.prompt_width - state.padding_host).to(state.device, non_blocking=True)
         self._spec, self._spec_valid = [], []  # a re-reading runner's speculative tokens of this round
         self.fed_host = torch.zeros(state.batch_size, dtype=torch.long)
         self._round_columns = self._catch_up_columns = self._speculative_read = 0

@@ -576,7 +576,7 @@ def tree_branches(n: int, siblings: tuple[int, int], device) -> torch.Tensor:
     sibling its own branch."""
     first, count = siblings
     return torch.cat([torch.full((first,), -1), torch.zeros(n - first - count, dtype=torch.long),
-                      torch.arange(1, count + 1)]).to(device)
+                      torch.arange(1, count + 1)]).to(device, non_blocking=True)
 
 
 class Seq2SeqRunner:

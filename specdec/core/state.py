@@ -268,7 +268,7 @@ class DecodeState:
         groups = []
         for length in lengths_host.unique().tolist():
             group_host = (lengths_host == length).nonzero().flatten()
-            group = group_host.to(self.device)
+            group = group_host.to(self.device, non_blocking=True)
             groups.append((sequences[group, :length], group, self.rows_host[group_host]))
         return groups
 
@@ -298,11 +298,11 @@ def _for_rows(processor, original: torch.Tensor):
     kind = type(processor)
     if kind is RepetitionPenaltyLogitsProcessor and isinstance(processor.prompt_ignore_length, torch.Tensor):
         view = copy.copy(processor)  # prompt_ignore_length: each row's left padding
-        view.prompt_ignore_length = processor.prompt_ignore_length[original.to(processor.prompt_ignore_length.device)]
+        view.prompt_ignore_length = processor.prompt_ignore_length[original.to(processor.prompt_ignore_length.device, non_blocking=True)]
         return view
     if kind is EncoderRepetitionPenaltyLogitsProcessor:
         view = copy.copy(processor)  # encoder_input_ids: each row's prompt
-        view.encoder_input_ids = processor.encoder_input_ids[original.to(processor.encoder_input_ids.device)]
+        view.encoder_input_ids = processor.encoder_input_ids[original.to(processor.encoder_input_ids.device, non_blocking=True)]
         return view
     if kind is PrefixConstrainedLogitsProcessor and processor._num_beams == 1:
         view = copy.copy(processor)  # calls the user's function with each row's batch index
@@ -385,7 +385,7 @@ def _prepared_processor(processor, vocab: int, device):
         tokens, at_begin = processor.begin_suppress_tokens, True
     else:
         return processor
-    mask = torch.isin(torch.arange(vocab, device=device), tokens.to(device))
+    mask = torch.isin(torch.arange(vocab, device=device), tokens.to(device, non_blocking=True))
     return _CachedSuppression(processor, mask, at_begin)
 
 

@@ -206,13 +206,13 @@ class HiddenStateDrafter(Drafter):
             # boolean indexing, so no device sync.
             trash = self._hidden.shape[1] - 1
             positions = torch.where(step.hidden_positions >= 0, step.hidden_positions, trash)  # [B, M]
-            rows = step.rows_host.to(state.device)[:, None].expand_as(positions)
+            rows = step.rows_host.to(state.device, non_blocking=True)[:, None].expand_as(positions)
             self._hidden[rows, positions] = step.hidden_states.to(self._hidden.dtype)
             self._started = True
         # Only what was read with the target's own hidden states stays: the drafts, read on predicted
         # ones, are read again with the real ones at the next draft.
         nothing = torch.zeros(step.rows_host.shape[0], dtype=torch.long)
-        self._cached.keep(state, step.rows_host, nothing.to(state.device), nothing)
+        self._cached.keep(state, step.rows_host, nothing.to(state.device, non_blocking=True), nothing)
 
     def select_rows(self, state, keep, keep_host) -> None:
         self._cached.select_rows(state, keep)

@@ -857,8 +857,8 @@ class Calibration:
             self.accepted = torch.zeros(len(self.edges) + 1, device=device)
             self.seen = torch.zeros(len(self.edges) + 1, device=device)
         else:
-            self.accepted, self.seen = self.accepted.to(device), self.seen.to(device)
-        self._edges = torch.tensor(self.edges, device=device)
+            self.accepted, self.seen = self.accepted.to(device, non_blocking=True), self.seen.to(device, non_blocking=True)
+        self._edges = torch.tensor(self.edges).to(device, non_blocking=True)  # torch.tensor(device=) copies blocking
 
     def bins(self, predicted: torch.Tensor) -> torch.Tensor:
         return torch.bucketize(predicted.float().nan_to_num(1.0).contiguous(), self._edges, right=True)
