@@ -125,7 +125,9 @@ class AttentionLayout:
             key_branch = torch.full((length,), -1, dtype=torch.long, device=slot_mask.device)
             key_branch[first : first + n] = branches
             visible = visible & ((key_branch[None, :] == -1) | (key_branch[None, :] == branches[:, None]))[None]
-        visible[:, torch.arange(n, device=slot_mask.device), own] = True
+        # An elementwise or, not ``visible[:, arange(n), own] = True``: that index_put syncs the
+        # device (the H200 run's sync_sites.py found it, once per forward).
+        visible = visible | (torch.arange(length, device=slot_mask.device) == own[:, None])[None]
         masks = {}
         for kind in self.kinds:
             seen = visible
