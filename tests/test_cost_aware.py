@@ -240,6 +240,22 @@ class TestChoice:
         # ... but the choice measures this batch size's own plain step before trusting that shape.
         assert policy.choose(16, torch.full((16,), 0.9), torch.full((16,), 100)).k == 0
 
+    def test_a_bucket_that_timed_only_plain_steps_drafts_before_trusting_a_neighbour(self):
+        """A neighbour that says drafting is dear does not keep a new batch size on plain steps
+        unmeasured: having timed only plain steps, it explores the initial k (the H200's batch 64)."""
+        policy = fed(CostAwareLookahead(initial_k=3), 16, {0: 10.0, 1: 60.0, 4: 90.0})
+        alpha, budget = torch.full((64,), 0.7), torch.full((64,), 100)
+        assert policy.choose(64, alpha, budget).k == 0  # the neighbour's choice, scaled
+        fed(policy, 64, {0: 12.0}, repeats=1)
+        decision = policy.choose(64, alpha, budget)
+        assert (decision.k, decision.probing) == (3, True)
+        fed(policy, 64, {3: 20.0}, repeats=1)  # its own drafted k: now a fit of its own decides
+        decision = policy.choose(64, alpha, budget)
+        assert not decision.probing and decision.costs[3] == pytest.approx(20.0)
+        # A drafted k's cells that decay out (~340 plain steps at decay 0.98) are explored again.
+        fed(policy, 64, {0: 12.0}, repeats=400)
+        assert policy.choose(64, alpha, budget).k == 3
+
 
 class TestTiming:
     """An iteration is timed from its lookahead to the next one, with no clock read elsewhere."""

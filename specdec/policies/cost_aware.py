@@ -565,10 +565,14 @@ class CostAwareLookahead(LookaheadPolicy):
         fit = self._fits.get(bucket_of(batch))
         single = fit.single() if fit is not None else None  # one k seen here: no fit of its own yet
         costs = self.cost_model(batch)
-        if costs is None or (single is not None and single[0] > 0):
-            # Explore: the initial k (or what a neighbouring batch size's fit suggests), then one
-            # plain step, so that every batch size measures its own shape; a neighbour's can be
-            # far off (on a CPU a batch of 16 pays for drafting much more than a batch of 4).
+        if costs is None or single is not None:
+            # Explore: the initial k, then one plain step (in whichever order the bucket met them),
+            # so that every batch size measures its own shape; a neighbour's can be far off (on a
+            # CPU a batch of 16 pays for drafting much more than a batch of 4). A bucket that has
+            # timed only plain steps drafts too: on an H200 a batch of 64 that took a batch of 16's
+            # fit (drafting dear there) ran 384 plain steps without a probe (docs/benchmarks.md,
+            # stop 33). A drafted k's cells decay out after ~340 plain steps, and then it explores
+            # again, as a batch size with no neighbour always did.
             initial = self.initial_k if self.initial_k is not None else min(max(4, self.min_k), self.max_k)
             k = 0 if single is not None and single[0] > 0 else initial
             return Decision(k=k, best_k=k, probing=True, batch=batch)
