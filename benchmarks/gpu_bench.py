@@ -28,6 +28,9 @@ also compiles what is compiled):
   specdec+compile-all ``static_cache=True, compile="all"``: the target's verify steps compiled too
   specdec+cost-aware  the dynamic path with the ``cost-aware`` policy instead of a constant k (its
                     choices and its timings of the iterations are summarised after the table)
+  specdec+cost-aware+phases  the same with the ``phases`` observer synchronising the device at every
+                    phase: slower (five syncs an iteration), for the median milliseconds of each
+                    phase in its drafted and its plain iterations, printed after the table
 Reported: tokens/s, the speedup over ``target`` (median of paired repeats), acceptance, tokens per
 target call (tau), the ideal and the share reached, peak device memory, and the share of rows
 identical to ``target``'s own output in the same dtype (half precision: batched matmuls of
@@ -56,6 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout
 
 from specdec import SpeculativeDecoder  # noqa: E402
 from specdec.drafters import ModelDrafter  # noqa: E402
+from specdec.observers import PhaseTimes  # noqa: E402
 from specdec.policies import ConstantLookahead  # noqa: E402
 
 from batch_trace import Traced  # noqa: E402  cost-aware, logging each decision and timed iteration
@@ -84,7 +88,7 @@ parser.add_argument("--tail-scale", type=float, default=0.015,
 parser.add_argument("--draft-noise", type=float, default=0.0, help="Gaussian noise on the draft's matrices, times their spread")
 parser.add_argument("--contenders", default=None,
                     help="comma-separated, of target,target+static,assisted,specdec,specdec+static,specdec+compile,"
-                         "specdec+cost-aware (default: all; --smoke: all but specdec+compile, whose CPU compilation "
+                         "specdec+cost-aware,specdec+cost-aware+phases (default: all; --smoke: all but specdec+compile, whose CPU compilation "
                          "takes minutes)")
 parser.add_argument("--seed", type=int, default=0)
 parser.add_argument("--out", default=None, help="also write the rows as JSON here")
@@ -187,6 +191,41 @@ def step_cost(model, batch: int, context: int = 256, repeats: int = 20) -> float
     return statistics.median(times)
 
 
+class IterationPhases(PhaseTimes):
+    """``phases`` that also keeps each iteration's own seconds per phase (``rows``)."""
+
+    def begin(self, state, target) -> None:
+        super().begin(state, target)
+        self.__dict__.setdefault("rows", [])
+
+    def start(self) -> None:
+        super().start()
+        self.__dict__["current"] = {}
+
+    def mark(self, phase: str) -> None:
+        before = self.seconds[phase]
+        super().mark(phase)
+        self.current[phase] = self.seconds[phase] - before
+        if phase == "bookkeeping":
+            self.rows.append(self.current)
+
+
+def report_phases(policy, phases: IterationPhases, batch: int) -> None:
+    """Median milliseconds per phase of the drafted and of the plain iterations (device synchronised
+    at every phase), from the timed runs' iterations paired with ``policy``'s decisions."""
+    decisions = [e for e in policy.log if "k" in e]
+    rows, policy.log[:], phases.rows[:] = list(phases.rows), [], []
+    if len(decisions) != len(rows):
+        print(f"    phases: {len(rows)} iterations against {len(decisions)} decisions; not paired")
+        return
+    for label, keep in (("drafted", lambda k: k > 0), ("plain", lambda k: k == 0)):
+        chosen = [row for row, e in zip(rows, decisions) if keep(e["k"]) and e["batch"] == batch]
+        if chosen:
+            medians = {phase: 1e3 * statistics.median(row.get(phase, 0.0) for row in chosen) for phase in chosen[0]}
+            print(f"    cost-aware+phases at batch {batch}, {len(chosen)} {label} iterations, median ms: "
+                  + ", ".join(f"{phase} {ms:.2f}" for phase, ms in medians.items()), flush=True)
+
+
 def report_policy(policy, batch: int) -> None:
     """What ``cost-aware`` chose at this batch size and what it measured (its log since the last report)."""
     log, policy.log[:] = list(policy.log), []
@@ -243,14 +282,16 @@ def main():
           f"draft {draft_size:.0f}M ({args.draft_layers} layers, noise {args.draft_noise}); k = {args.k}; "
           f"{args.max_new_tokens} new tokens per row")
     wanted = args.contenders.split(",")
-    traced = Traced()
-    traced.log = []
+    traced, traced_too = Traced(), Traced()
+    traced.log, traced_too.log = [], []
+    phases = IterationPhases(sync=True)
     decoders = {
         "specdec": dict(),
         "specdec+static": dict(static_cache=True),
         "specdec+compile": dict(static_cache=True, compile="draft"),
         "specdec+compile-all": dict(static_cache=True, compile="all"),
         "specdec+cost-aware": dict(policy=traced),
+        "specdec+cost-aware+phases": dict(policy=traced_too, observers=[phases]),
     }
     decoders = {label: SpeculativeDecoder(target=target, drafter=ModelDrafter(draft),
                                           **{"policy": ConstantLookahead(k=args.k), **options})
@@ -298,7 +339,7 @@ def main():
         reference = [row for out in outputs["target"][0] for row in out.tolist()] if "target" in outputs else None
         base = samples.get("target")
         print(f"\nbatch {batch}: {len(rows)} prompts, {tokens} new tokens, c = {c:.3f}")
-        print(f"{'contender':18s} {'tok/s':>9s} {'vs target':>17s} {'accept':>6s} {'tau':>5s} {'ideal':>6s} "
+        print(f"{'contender':26s} {'tok/s':>9s} {'vs target':>17s} {'accept':>6s} {'tau':>5s} {'ideal':>6s} "
               f"{'of ideal':>8s} {'peak GiB':>8s} {'identical':>9s}")
         for label in runs:
             seconds = statistics.median(samples[label])
@@ -324,7 +365,7 @@ def main():
             def fmt(value, spec):
                 return format(value, spec) if value is not None else "-"
 
-            print(f"{label:18s} {row['tokens_per_s']:9.1f} {speedup:6.2f}x [{min(paired):.2f}-{max(paired):.2f}] "
+            print(f"{label:26s} {row['tokens_per_s']:9.1f} {speedup:6.2f}x [{min(paired):.2f}-{max(paired):.2f}] "
                   f"{fmt(accept, '6.0%')} {fmt(tau, '5.2f')} {fmt(ideal, '5.2f')} {fmt(row['of_ideal'], '8.0%')} "
                   f"{fmt(memory[label], '8.2f')} {fmt(row['identical'], '9.0%')}", flush=True)
             for difference in row.get("differences", []):
@@ -334,6 +375,8 @@ def main():
                       f"(gap {difference['gap']:.4f})", flush=True)
         if "specdec+cost-aware" in decoders:
             report_policy(decoders["specdec+cost-aware"].policy, batch)
+        if "specdec+cost-aware+phases" in decoders:
+            report_phases(decoders["specdec+cost-aware+phases"].policy, phases, batch)
         if args.out:  # after every batch size: a run cut short keeps what it finished
             Path(args.out).write_text(json.dumps(results, indent=1))
 

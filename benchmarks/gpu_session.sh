@@ -5,7 +5,8 @@
 #      fails on one (tests/test_hot_path.py::TestOneSyncPerIteration);
 #   2. gpu_bench.py compiled: target+static (transformers' compiled static cache) against specdec
 #      with all its steps compiled (compile="all"), at batch 16;
-#   3. gpu_bench.py eager: target, assisted (batch 1), specdec dynamic, static and cost-aware, at
+#   3. gpu_bench.py eager: target, assisted (batch 1), specdec dynamic, static and cost-aware (also
+#      with every phase synchronised and timed: where its drafted iterations spend their time), at
 #      batch 1, 16 and 64.
 # The defaults take at most 9.5 minutes (the stages' limits); the variables below shrink a run to the
 # device time left.
@@ -36,6 +37,6 @@ timeout "${STAGE2_S:-300}" python3 benchmarks/gpu_bench.py --device cuda --dtype
 echo "== stage 3: eager contenders"
 timeout "${STAGE3_S:-200}" python3 benchmarks/gpu_bench.py --device cuda --dtype bfloat16 \
     --batch-sizes "${EAGER_BATCHES:-1,16,64}" --prompts "${PROMPTS:-1}" --repeats "${REPEATS:-3}" \
-    --contenders "${EAGER_CONTENDERS:-target,assisted,specdec,specdec+static,specdec+cost-aware}" \
+    --contenders "${EAGER_CONTENDERS:-target,assisted,specdec,specdec+static,specdec+cost-aware,specdec+cost-aware+phases}" \
     --out "$out/bench_eager.json"
 echo "== done"
