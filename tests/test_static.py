@@ -120,6 +120,30 @@ class TestStaticExactness:
         torch.testing.assert_close(logits, expected, rtol=0, atol=1e-12)
 
 
+    def test_the_next_request_of_a_shape_reuses_the_cache_and_stays_exact(self):
+        """Back-to-back requests of one shape decode into the same key/value tensors (the addresses
+        that compiled steps' CUDA graphs captured), zeroed in between, also after a request whose
+        rows left for smaller buckets (which read the first rows of those tensors); a request of
+        another shape gets a new cache."""
+        target = tiny_model("llama")
+        decoder = SpeculativeDecoder(target=target, drafter=make_drafter("close", "llama"), policy=ConstantLookahead(k=3),
+                                     static_cache=True)
+
+        def run(lengths, seed, eos=None):
+            ids, mask = left_padded_prompts(lengths, seed=seed)
+            out = decoder.generate(ids, attention_mask=mask, max_new_tokens=24, eos_token_id=eos)
+            assert torch.equal(out.sequences, greedy_reference(target, ids, mask, 24, eos_token_id=eos))
+            cache = decoder._target.slots.cache
+            return cache, [(layer.keys.data_ptr(), layer.values.data_ptr()) for layer in cache.layers]
+
+        first, addresses = run([5, 2, 7, 4], seed=0)
+        assert decoder._target.slots.row_cuts > 0  # rows finished apart: cut to smaller buckets
+        assert run([6, 3, 1, 7], seed=1) == (first, addresses)  # other prompts, the same bucket and capacity
+        ids, mask = left_padded_prompts([5, 2, 7, 4], seed=2)
+        assert run([5, 2, 7, 4], seed=2, eos=eos_mid_row(target, ids, mask, 24)) == (first, addresses)
+        fifth = run([5, 2, 7, 4, 3], seed=4)  # a batch of 5 is a bucket of 8: another shape
+        assert fifth[0] is not first and run([5, 2, 7, 4, 3], seed=5) == fifth  # one cache is kept, the last
+
     def test_sampling_with_a_draft_equal_to_the_target_accepts_everything(self):
         """The padded verify columns (q = 0, outside every row's length) never reach the acceptance test."""
         target = tiny_model("llama")

@@ -60,6 +60,11 @@ def bucket(n: int) -> int:
     return 0 if n <= 0 else 1 << (n - 1).bit_length()
 
 
+def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """A static layer's whole key or value tensor, of which a cut batch reads its first rows."""
+    return tensor if tensor._base is None else tensor._base
+
+
 def static_cache(layers: int, capacity: int) -> Cache:
     """A cache of ``layers`` full-attention ``StaticLayer``s of ``capacity`` slots each."""
     return Cache(layers=[StaticLayer(max_cache_len=capacity) for _ in range(layers)])
@@ -290,7 +295,9 @@ class SlotCache:
         active, physical = self.row_map.shape[0], self.physical_batch
         if self.static:
             size = bucket(active)
-            if size >= physical:  # the rows still need this batch (a request of 6 rows is a bucket of its own)
+            # The rows still need this batch (a request of 6 rows is a bucket of its own), or the
+            # request is over: a cache kept whole is the next request's (CausalLMRunner.new_cache).
+            if size >= physical or active == 0:
                 return None
             # The active rows first, in order, then finished ones to fill the bucket (a stable sort
             # of "finished?" lists them; no nonzero, so no device sync).
@@ -313,9 +320,16 @@ class SlotCache:
             if isinstance(layer, DynamicLayer):  # the attention part of a hybrid layer too
                 layer.batch_select_indices(index)
             elif isinstance(layer, StaticLayer) and getattr(layer, "is_initialized", False):
-                layer.keys, layer.values = layer.keys[index], layer.values[index]
-                torch._dynamo.mark_static_address(layer.keys)  # a new address: compiled steps re-record once
-                torch._dynamo.mark_static_address(layer.values)
+                # The kept rows are gathered into the first rows of the request's own tensors, and the
+                # layer reads a view of them: every bucket's cache starts at the address of the
+                # first, so compiled steps' CUDA graphs, captured per bucket, replay in the next
+                # request (which gets the whole tensors back: CausalLMRunner.new_cache).
+                for name in ("keys", "values"):
+                    tensor = getattr(layer, name)
+                    whole = full_tensor(tensor)
+                    whole[: index.shape[0]].copy_(tensor.index_select(0, index))
+                    setattr(layer, name, whole[: index.shape[0]])
+                    torch._dynamo.mark_static_address(getattr(layer, name))
         if isinstance(self.cache, EncoderDecoderCache):
             self.cache.cross_attention_cache.batch_select_indices(index)
         if self.recurrent is not None:

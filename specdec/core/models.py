@@ -16,12 +16,13 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForSeq2SeqLM, AutoModelForSpeechSeq2Seq, DynamicCache, EncoderDecoderCache, PreTrainedModel
+from transformers import (AutoModelForSeq2SeqLM, AutoModelForSpeechSeq2Seq, Cache, DynamicCache, EncoderDecoderCache,
+                          PreTrainedModel)
 from transformers.modeling_outputs import BaseModelOutput
 from transformers.utils import ModelOutput
 
 from ..errors import ConfigError, InputError, RereadWarning
-from .cache import SlotCache, static_cache
+from .cache import SlotCache, full_tensor, static_cache
 from .masks import FULL, AttentionLayout
 from .gqa_attention import gqa_steps
 from .packed_linear import packed_steps
@@ -263,6 +264,7 @@ class CausalLMRunner:
         self.layout = AttentionLayout.of(model)
         self.layout.check(model)
         self._cache_argument = cache_argument(model)
+        self._last_static: tuple[tuple[int, int], Cache] | None = None  # (batch, capacity), its attention cache
 
     @property
     def device(self) -> torch.device:
@@ -277,13 +279,39 @@ class CausalLMRunner:
         """An empty cache for ``batch_size`` rows; with ``capacity``, preallocated (static shapes)."""
         if capacity is not None:
             self.check_static()
-            self_attention = static_cache(_decoder_layers(self.model), capacity)
+            self_attention = self._reused_static(batch_size, capacity) or static_cache(_decoder_layers(self.model), capacity)
+            self._last_static = ((batch_size, capacity), self_attention)
             if self.encoder_outputs is not None:
                 self_attention = EncoderDecoderCache(self_attention, DynamicCache())
             return SlotCache(self_attention, batch_size, self.device, capacity)
         if self.encoder_outputs is not None:
             return SlotCache(EncoderDecoderCache(DynamicCache(), DynamicCache()), batch_size, self.device)
         return SlotCache(config_cache(self.model) or DynamicCache(), batch_size, self.device)
+
+    def _reused_static(self, batch_size: int, capacity: int) -> Cache | None:
+        """The last request's static cache, zeroed, if it was of this shape and still is: its
+        tensors keep their addresses, so compiled steps replay the CUDA graphs they captured for it
+        instead of re-recording each one per request, and a drafter's cache, made inside the loop,
+        does not initialise (a blocking copy each layer) again. A batch cut to smaller buckets read
+        views of the same tensors, which it gets back whole. One is kept, as transformers keeps
+        ``generate``'s static cache; one that grew its capacity (``SlotCache.regrowths``) is of
+        another shape, and a new one is made."""
+        last, self._last_static = self._last_static, None
+        if last is None or last[0] != (batch_size, capacity):
+            return None
+        cache = last[1]
+        whole = [(full_tensor(layer.keys), full_tensor(layer.values)) if getattr(layer, "is_initialized", False)
+                 else None for layer in cache.layers]
+        for layer, tensors in zip(cache.layers, whole):
+            if layer.max_cache_len != capacity or tensors is not None and (
+                    tensors[0].shape[0] != batch_size or tensors[0].shape[2] != capacity
+                    or tensors[0].device != self.device or tensors[0].dtype != self.model.dtype):
+                return None
+        for layer, tensors in zip(cache.layers, whole):
+            if tensors is not None:  # a batch cut to a smaller bucket read views of them
+                layer.keys, layer.values = tensors
+        cache.reset()
+        return cache
 
     def check_static(self) -> None:
         """Refuse, before decoding, a model whose state a preallocated cache cannot hold."""
