@@ -756,6 +756,29 @@ def test_a_probe_in_a_request_that_has_not_drafted_pays_the_draft_models_first_r
     assert probed(True, drafted=True)[0] == 3
 
 
+def test_an_unpriced_first_read_holds_a_probe_until_a_requests_first_iteration():
+    """Where no first read has been timed at this batch size, a probe in a request that has not
+    drafted waits, whatever its credit, for a request's first iteration (the draft model then reads
+    the prompt alone); once a first read is priced, or once the request has drafted, probes come
+    mid-request at their price."""
+    def probed(first_read: bool, drafted_in_request: bool = False) -> list[int]:
+        policy = fed(CostAwareLookahead(probe_rate=0.5, probe_backoff=1), 16, {0: 10.0, 1: 20.0, 4: 50.0})
+        if first_read:
+            policy._first_read[bucket_of(16)] = [1.0, 40.0]
+        policy._drafted_in_request = drafted_in_request
+        seen = []
+        for i in range(30):
+            policy._iteration = i % 20  # a new request every 20 iterations
+            if policy.choose(16, torch.full((16,), 0.9), torch.full((16,), 100)).probing:
+                seen.append(i)
+                policy._probe_next = None  # only when each probe starts
+        return seen
+
+    assert probed(False) == [20]  # credit from iteration 4 on, but the first read is unpriced
+    assert probed(True)[:2] == [11, 23]  # 20 + 20 + 40 - 2 x 10 = 6 plain steps at rate 0.5
+    assert probed(False, drafted_in_request=True)[0] == 3  # no first read to pay: a resume's price
+
+
 def test_out_of_plain_steps_drafting_must_beat_them_by_the_resume_margin():
     """In a batch, drafting is taken up only where it beats plain steps by ``resume_margin`` (the
     estimate of the slowest row near break-even errs, and drafting leaves holes that later plain

@@ -420,6 +420,7 @@ class CostAwareLookahead(LookaheadPolicy):
     _row_cuts: int = attrs.field(default=0, init=False, repr=False)  # state.row_cuts at the last lookahead
     _drafted: bool = attrs.field(default=False, init=False, repr=False)  # the last planned iteration drafted
     _drafted_in_request: bool = attrs.field(default=False, init=False, repr=False)  # some iteration of this request did
+    _iteration: int = attrs.field(default=0, init=False, repr=False)  # of the request, at the lookahead being chosen
     # bucket -> [decayed weight, mean seconds] an iteration that drafts after a plain one takes beyond
     # the fit's k: the drafter's catch-up, the price of resuming (kept across requests, like the fits)
     _resume: dict[int, list[float]] = attrs.field(factory=dict, init=False, repr=False)
@@ -607,6 +608,13 @@ class CostAwareLookahead(LookaheadPolicy):
             # 0.48 s, 11 plain steps, priced as a resume's 2 (docs/benchmarks.md, stop 32).
             catch_up = self._catch_up(bucket_of(batch))
             price = max(price, (2 * warm[drafting] + catch_up - 2 * costs[0]) / costs[0])
+            if not self._drafted_in_request and bucket_of(batch) not in self._first_read and self._iteration > 0:
+                # The draft model's first read is not priced here yet (a request that drafts from its
+                # first iteration never times it): a probe waits for a request's first iteration,
+                # where the draft reads the prompt alone, not the prompt and every token since. At
+                # batch 16 on the bundled pair the one probe priced as a resume came 11 plain steps
+                # dear and cost its pass 14% (docs/benchmarks.md, stop 32).
+                price = math.inf
         if self._probe_credit >= price:
             self._probe_credit -= price
             probing = True
@@ -636,6 +644,7 @@ class CostAwareLookahead(LookaheadPolicy):
         rows = state.rows_host.tolist()
         batch = len(rows)
         budget = [max(left - 1, 0) for left in state.remaining_host().tolist()]  # drafts each row may still make
+        self._iteration = state.iteration
         self.decision = self.choose(batch, self._row_alphas(rows) if alpha is None else alpha, budget)
         if self.alternatives == "auto":
             read = self._read_alternatives(batch, self.decision)
