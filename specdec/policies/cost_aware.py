@@ -71,7 +71,10 @@ forward passes and no host syncs of its own:
   probe_rate, are worth what the probe's two drafted iterations cost beyond two plain steps, its
   whole catch-up included, so that a dear probe is a rare one; in a request that has not drafted
   yet, the catch-up is the draft model's first read of the prompt and every token so far, kept
-  apart per batch size: at batch 16 on the bundled pair 11 plain steps, where a resume costs 1);
+  apart per batch size: at batch 16 on the bundled pair 11 plain steps, where a resume costs 1;
+  until a first read has been timed at a batch size, which a request that drafts from its first
+  iteration never does, such a probe waits for a request's first iteration, where the draft reads
+  the prompt alone);
   each probe that leaves the best k where it was makes the next one
   twice as rare, up to ``probe_backoff`` times, and a probe that moves it restores the rate: where
   speculation keeps not paying, probing (a drafted iteration at a loss) costs less and less.
