@@ -12,30 +12,34 @@
 # device time left.
 # Each stage has its own time limit, and gpu_bench writes its JSON after every batch size, so a
 # stage cut short keeps what it finished. Everything goes to ${OUT:-gpu_out}/.
+# A dry run on a CPU checks the plumbing before device time is spent on it (tiny shapes, minutes):
+#   DRY_RUN=1 PYTHON=.venv/bin/python OMP_NUM_THREADS=1 bash benchmarks/gpu_session.sh
 set -u
 out=${OUT:-gpu_out}
 mkdir -p "$out"
 exec > >(tee "$out/log.txt") 2>&1
-if ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+python3=${PYTHON:-python3}  # on the device machine, the python3 that holds CUDA torch
+if [ -z "${DRY_RUN:-}" ] && ls .whl/*.whl >/dev/null 2>&1; then
+    "$python3" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
     export PYTHONPATH=/tmp/site
 fi
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-python3 -c "import sys, torch, transformers; print(sys.version.split()[0], torch.__version__, transformers.__version__)"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
+"$python3" -c "import sys, torch, transformers; print(sys.version.split()[0], torch.__version__, transformers.__version__)"
 echo "== stage 1: syncs outside the commit"
-timeout "${STAGE1_S:-60}" python3 benchmarks/sync_sites.py
-timeout "${STAGE1_S:-60}" python3 -m pytest -q -p no:cacheprovider tests/test_hot_path.py -k OneSync 2>&1 | tail -15
+dry=${DRY_RUN:+--smoke}
+timeout "${STAGE1_S:-60}" "$python3" benchmarks/sync_sites.py ${DRY_RUN:+--cpu}
+timeout "${STAGE1_S:-60}" "$python3" -m pytest -q -p no:cacheprovider tests/test_hot_path.py -k OneSync 2>&1 | tail -15
 echo "== stage 2: compiled contenders (the open comparison: compile=\"all\" against transformers' compiled static cache)"
 # Compiling takes minutes: at batch 16 specdec's steps make 9 graphs (counted on a CPU:
 # batch buckets x power-of-two widths, target and draft), and run 2 of 2026-11-27 lost this stage
 # to a 125 s limit while compiling.
-timeout "${STAGE2_S:-300}" python3 benchmarks/gpu_bench.py --device cuda --dtype bfloat16 \
+timeout "${STAGE2_S:-300}" "$python3" benchmarks/gpu_bench.py --device cuda --dtype bfloat16 $dry \
     --batch-sizes "${COMPILED_BATCHES:-16}" --prompts "${PROMPTS:-1}" --repeats "${REPEATS:-3}" \
     --contenders "${COMPILED_CONTENDERS:-target,target+static,specdec+compile-all}" \
     --out "$out/bench_compiled.json"
 echo "== stage 3: eager contenders"
-timeout "${STAGE3_S:-200}" python3 benchmarks/gpu_bench.py --device cuda --dtype bfloat16 \
+timeout "${STAGE3_S:-200}" "$python3" benchmarks/gpu_bench.py --device cuda --dtype bfloat16 $dry \
     --batch-sizes "${EAGER_BATCHES:-1,16,64}" --prompts "${PROMPTS:-1}" --repeats "${REPEATS:-3}" \
     --contenders "${EAGER_CONTENDERS:-target,assisted,specdec,specdec+static,specdec+cost-aware,specdec+cost-aware+phases}" \
     --out "$out/bench_eager.json"
