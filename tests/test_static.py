@@ -3,6 +3,7 @@ power-of-two blocks and batch buckets, and the same tokens as ``generate``, in f
 
 from __future__ import annotations
 
+import copy
 import functools
 
 import pytest
@@ -143,6 +144,27 @@ class TestStaticExactness:
         assert run([5, 2, 7, 4], seed=2, eos=eos_mid_row(target, ids, mask, 24)) == (first, addresses)
         fifth = run([5, 2, 7, 4, 3], seed=4)  # a batch of 5 is a bucket of 8: another shape
         assert fifth[0] is not first and run([5, 2, 7, 4, 3], seed=5) == fifth  # one cache is kept, the last
+
+    def test_a_kept_cache_is_handed_out_only_for_its_own_shape_dtype_and_capacity(self):
+        target = copy.deepcopy(tiny_model("llama", context=512))  # its dtype changes below
+        ids = torch.randint(3, 61, (2, 120), generator=torch.Generator().manual_seed(0))
+        valid = torch.ones_like(ids, dtype=torch.bool)
+        runner = CausalLMRunner(target)
+
+        def used(batch, capacity, width=8):
+            slots = runner.new_cache(batch, capacity=capacity)
+            runner.forward(slots, ids[:batch, :width], valid[:batch, :width], 1)
+            return slots
+
+        first = used(2, 64)
+        assert used(2, 64).cache is first.cache  # zeroed and handed out again
+        assert torch.count_nonzero(runner.new_cache(2, 64).cache.layers[0].keys) == 0
+        assert used(1, 64).cache is not first.cache  # another batch bucket
+        grown = used(2, 64, width=100)  # past 64 slots: the tensors grew
+        assert grown.regrowths == 1 and used(2, 64).cache is not grown.cache
+        kept = used(2, 64)
+        target.to(torch.float32)
+        assert used(2, 64).cache is not kept.cache  # float64 tensors for a float32 model: not kept
 
     def test_sampling_with_a_draft_equal_to_the_target_accepts_everything(self):
         """The padded verify columns (q = 0, outside every row's length) never reach the acceptance test."""

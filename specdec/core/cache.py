@@ -295,9 +295,7 @@ class SlotCache:
         active, physical = self.row_map.shape[0], self.physical_batch
         if self.static:
             size = bucket(active)
-            # The rows still need this batch (a request of 6 rows is a bucket of its own), or the
-            # request is over: a cache kept whole is the next request's (CausalLMRunner.new_cache).
-            if size >= physical or active == 0:
+            if size >= physical:  # the rows still need this batch (a request of 6 rows is a bucket of its own)
                 return None
             # The active rows first, in order, then finished ones to fill the bucket (a stable sort
             # of "finished?" lists them; no nonzero, so no device sync).
