@@ -166,6 +166,18 @@ class TestStaticExactness:
         target.to(torch.float32)
         assert used(2, 64).cache is not kept.cache  # float64 tensors for a float32 model: not kept
 
+    @pytest.mark.parametrize("kind", ["causal", "whisper"])
+    def test_a_new_cache_makes_its_write_offsets_on_the_models_device(self, kind):
+        """A ``StaticLayer`` makes its write offset on the CPU and moves it at its first write: a
+        blocking copy, one device sync per layer in the first forward. specdec's are made where the
+        model is ("meta" here stands for an accelerator: anything but the CPU's default)."""
+        from specdec.core.models import runner_for
+
+        model = copy.deepcopy(tiny_model("llama") if kind == "causal" else tiny_whisper()).to("meta")
+        slots = runner_for(model).new_cache(2, capacity=64)
+        layers = slots.cache.self_attention_cache.layers if kind == "whisper" else slots.cache.layers
+        assert layers and {layer.cumulative_length.device.type for layer in layers} == {"meta"}
+
     def test_sampling_with_a_draft_equal_to_the_target_accepts_everything(self):
         """The padded verify columns (q = 0, outside every row's length) never reach the acceptance test."""
         target = tiny_model("llama")

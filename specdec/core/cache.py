@@ -65,9 +65,15 @@ def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
     return tensor if tensor._base is None else tensor._base
 
 
-def static_cache(layers: int, capacity: int) -> Cache:
-    """A cache of ``layers`` full-attention ``StaticLayer``s of ``capacity`` slots each."""
-    return Cache(layers=[StaticLayer(max_cache_len=capacity) for _ in range(layers)])
+def static_cache(layers: int, capacity: int, device: torch.device) -> Cache:
+    """A cache of ``layers`` full-attention ``StaticLayer``s of ``capacity`` slots each, for ``device``.
+
+    Each layer's write offset starts on ``device``: a ``StaticLayer`` makes it on the CPU and moves it
+    at its first write, a blocking host-to-device copy (a sync) per layer inside the first forward."""
+    cache = Cache(layers=[StaticLayer(max_cache_len=capacity) for _ in range(layers)])
+    for layer in cache.layers:
+        layer.cumulative_length = torch.zeros((), dtype=layer.cumulative_length.dtype, device=device)
+    return cache
 
 
 def _self_attention_layers(cache: Cache) -> list:

@@ -279,7 +279,7 @@ class CausalLMRunner:
         """An empty cache for ``batch_size`` rows; with ``capacity``, preallocated (static shapes)."""
         if capacity is not None:
             self.check_static()
-            self_attention = self._reused_static(batch_size, capacity) or static_cache(_decoder_layers(self.model), capacity)
+            self_attention = self._reused_static(batch_size, capacity) or static_cache(_decoder_layers(self.model), capacity, self.device)
             self._last_static = ((batch_size, capacity), self_attention)
             if self.encoder_outputs is not None:
                 self_attention = EncoderDecoderCache(self_attention, DynamicCache())
@@ -648,7 +648,7 @@ class Seq2SeqRunner:
         preallocated (static shapes; the cross-attention keys are computed once anyway)."""
         if capacity is None:
             return SlotCache(EncoderDecoderCache(DynamicCache(), DynamicCache()), batch_size, self.device)
-        cache = EncoderDecoderCache(static_cache(_decoder_layers(self.model), capacity), DynamicCache())
+        cache = EncoderDecoderCache(static_cache(_decoder_layers(self.model), capacity, self.device), DynamicCache())
         return SlotCache(cache, batch_size, self.device, capacity)
 
     @torch.no_grad()
