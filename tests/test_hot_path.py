@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specdec import ConfigError, SpeculativeDecoder
-from specdec.core.state import DecodeState
+from specdec.decoding.ops import syncs_outside_commit
 from specdec.drafters import ModelDrafter
 from specdec.observers import PhaseTimes
 from specdec.plugins import get_registry
@@ -82,7 +82,7 @@ class TestOneSyncPerIteration:
     """On a GPU every phase but the commit runs without a device sync (sync debug mode 'error')."""
 
     @pytest.mark.parametrize("choice", ["draft-confidence", "cost-aware with alternatives"])
-    def test_an_iteration_syncs_only_in_the_commit(self, target, draft_model, monkeypatch, choice):
+    def test_an_iteration_syncs_only_in_the_commit(self, target, draft_model, choice):
         device = torch.device("cuda")
         gpu_target = tiny_llama(20, vocab=VOCAB, layers=2, dtype=torch.float32, init=0.3).to(device)
         gpu_draft = perturbed_copy(tiny_llama(20, vocab=VOCAB, layers=2, dtype=torch.float32, init=0.3), 0.1).to(device)
@@ -95,32 +95,36 @@ class TestOneSyncPerIteration:
         input_ids, mask = input_ids.to(device), mask.to(device)
         decoder.generate(input_ids, attention_mask=mask, max_new_tokens=NEW_TOKENS)  # warm-up (lazy inits)
 
-        commits = []
-        commit = DecodeState.commit
-
-        def commit_allowed_to_sync(self, *args, **kwargs):
-            # The iteration's one sync: allowed here and nowhere else.
-            commits.append(1)
-            torch.cuda.set_sync_debug_mode("default")
-            try:
-                return commit(self, *args, **kwargs)
-            finally:
-                torch.cuda.set_sync_debug_mode("error")
-
-        monkeypatch.setattr(DecodeState, "commit", commit_allowed_to_sync)
         state = decoder.prepare(input_ids, mask, max_new_tokens=NEW_TOKENS)  # checks the request: syncs allowed
         torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
+        with syncs_outside_commit("error") as commits:
             out = decoder.decode(state)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
         assert state.draft_early_exit is False
         assert len(commits) == out.stats.iterations
         if choice != "draft-confidence":
             assert out.stats.alternatives_read > 0
         expected = gpu_target.generate(input_ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False)
         assert torch.equal(out.sequences, expected)
+
+
+class TestSyncsOutsideCommit:
+    """The wrapper the GPU test and ``benchmarks/sync_sites.py`` share, checked where CI runs (a CPU):
+    it sees every commit and puts the commit back, also when the decode fails."""
+
+    def test_counts_each_commit_and_restores_it(self, target, draft_model):
+        from specdec.core.state import DecodeState
+
+        commit = DecodeState.commit
+        decoder = SpeculativeDecoder(target=target, drafter=ModelDrafter(draft_model), verifier=GreedyVerifier())
+        input_ids, mask = left_padded(PROMPTS)
+        state = decoder.prepare(input_ids, mask, max_new_tokens=NEW_TOKENS)
+        with syncs_outside_commit("error") as commits:
+            out = decoder.decode(state)
+        assert len(commits) == out.stats.iterations > 0
+        assert DecodeState.commit is commit
+        with pytest.raises(RuntimeError, match="inside"), syncs_outside_commit("error"):
+            raise RuntimeError("inside")
+        assert DecodeState.commit is commit
 
 
 class TestPhaseTimes:

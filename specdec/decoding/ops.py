@@ -1,4 +1,8 @@
-"""Tensor ops the decoding loop dispatches outside the models' forwards, counted, not timed.
+"""What the decoding loop does on the host besides the models' forwards, counted, not timed: the
+tensor ops it dispatches (``iteration_ops``) and, on a CUDA device, the syncs it makes outside the
+commit (``syncs_outside_commit``).
+
+Tensor ops:
 
 On a CPU each op costs 5-10 us of dispatch and Python, and on an accelerator each is a launch, so
 on a small model they decide how close the loop comes to the models' own time (docs/design.md,
@@ -72,3 +76,36 @@ def iteration_ops(models, sites: bool = False):
         SpeculativeDecoder._iterate = iterate
         for hook in hooks:
             hook.remove()
+
+
+@contextlib.contextmanager
+def syncs_outside_commit(mode: str = "error"):
+    """While the block runs, CUDA's sync debug mode is ``mode`` ("error" raises at a sync, "warn"
+    warns) everywhere but inside ``DecodeState.commit``, the iteration's one allowed sync. Yields a
+    list with one entry per commit. Used by ``tests/test_hot_path.py`` (the first sync fails it) and
+    ``benchmarks/sync_sites.py`` (every sync listed); without CUDA it only counts the commits."""
+    import torch
+
+    from ..core.state import DecodeState
+
+    def set_mode(value: str) -> None:
+        if torch.cuda.is_available():
+            torch.cuda.set_sync_debug_mode(value)
+
+    commits, commit = [], DecodeState.commit
+
+    def commit_allowed_to_sync(self, *args, **kwargs):
+        commits.append(1)
+        set_mode("default")
+        try:
+            return commit(self, *args, **kwargs)
+        finally:
+            set_mode(mode)
+
+    DecodeState.commit = commit_allowed_to_sync
+    set_mode(mode)
+    try:
+        yield commits
+    finally:
+        set_mode("default")
+        DecodeState.commit = commit
