@@ -111,6 +111,30 @@ def test_family_exact(family, drafter, policy, case):
     assert torch.equal(out.sequences, _reference(family, case))
 
 
+@pytest.mark.parametrize("draft", ["chain", "tree"])
+@pytest.mark.parametrize("family", [family for family in FAMILIES if family not in REREAD])
+def test_family_exact_on_the_accelerator_path(family, draft, monkeypatch):
+    """What a GPU runs, proven on the CPU: every forward reads a prepared 4D mask (off the CPU,
+    transformers' mask creation from a 2D mask syncs the device, so ``CausalLMRunner`` builds them
+    there; on the CPU it does not) and drafts run to their full width, rows stopped by masks
+    (``draft_early_exit=False``). "tree": the draft's first-position alternatives are verified too."""
+    from specdec.core.masks import AttentionLayout
+
+    monkeypatch.setattr(CausalLMRunner, "_prepares_masks", lambda self, device: self.prepares_masks_off_cpu)
+    built = []
+    masks = AttentionLayout.masks
+    monkeypatch.setattr(AttentionLayout, "masks", lambda self, *args, **kwargs: built.append(1) or masks(self, *args, **kwargs))
+    target = tiny_family_model(family)
+    ids, mask = _inputs("batch3")
+    drafter = ModelDrafter(tiny_family_model(family, draft=True), alternatives=2 if draft == "tree" else 0)
+    decoder = SpeculativeDecoder(target=target, drafter=drafter, policy=ConstantLookahead(k=4), draft_early_exit=False)
+    out = decoder.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS)
+    assert torch.equal(out.sequences, _reference(family, "batch3"))
+    if runner_for(target).prepares_masks_off_cpu:
+        assert built, "no prepared mask was built: the accelerator's path was not taken"
+    assert runner_for(target).prepares_masks_off_cpu or family in ("alibi", "ssm", "ssm2", "sparse_indexed")
+
+
 @pytest.mark.parametrize("arch", list(GENERATE_DISAGREES))
 def test_where_generate_disagrees_with_itself_the_request_is_refused(arch):
     """generate gives a row of the ragged batch another output than the row alone (so no output is

@@ -29,6 +29,9 @@ EVICTED = "evicted_window"
 # config may carry a sliding_window that its eager and sdpa attention never apply (Moshi).
 _BUILDERS = {SLIDING: "create_sliding_window_causal_mask", CHUNKED: "create_chunked_causal_mask"}
 _MASK_FORMATS = ("sdpa", "eager")  # implementations that take a prepared 4D mask as it is
+# Layer types that read the 2D mask of the block itself (which of its tokens are real), as
+# transformers' create_recurrent_attention_mask makes it: recurrent and convolution layers.
+_BLOCK_MASK_TYPES = ("linear_attention", "conv")
 
 
 @attrs.frozen
@@ -76,6 +79,13 @@ class AttentionLayout:
     def takes_prepared_masks(self) -> bool:
         """Whether the attention implementation uses a prepared 4D mask as it is (sdpa, eager)."""
         return self.implementation in _MASK_FORMATS
+
+    @property
+    def builds_every_mask(self) -> bool:
+        """Whether ``masks`` can build what every layer reads: an attention kind of its own, and besides
+        those only layers that read the block's 2D mask. Other attention (sparse indexers, hybrid
+        layers, ...) is left to transformers, which builds its masks from the 2D slot mask."""
+        return bool(self.kinds) and self.takes_prepared_masks and set(self.others) <= set(_BLOCK_MASK_TYPES)
 
     @property
     def counts_positions(self) -> bool:

@@ -385,7 +385,15 @@ class CausalLMRunner:
         # Off the CPU, transformers' sdpa mask creation from a 2D mask syncs the device (it asks
         # whether the mask is all ones, in Python, for one-token steps and prefills); a prepared 4D
         # mask is used as it is. On the CPU a sync is free and the 2D path is transformers' own.
-        return device.type != "cpu" and self.layout.takes_prepared_masks
+        return device.type != "cpu" and self.prepares_masks_off_cpu
+
+    @property
+    def prepares_masks_off_cpu(self) -> bool:
+        """Whether, off the CPU, every forward gets a 4D mask specdec built: where it can build every
+        layer's (``AttentionLayout.builds_every_mask``) and the model reads positions from
+        ``position_ids``. An ALiBi model (Bloom) derives its biases from the 2D mask, and a 4D one
+        breaks it; such models get the 2D slot mask and transformers' own masks, and a sync."""
+        return self.layout.builds_every_mask and self._takes_positions
 
     def reads_siblings(self, slots: SlotCache | None) -> bool:
         """Whether a block may end in siblings of one of its columns (a token tree's first level: the
