@@ -21,6 +21,10 @@ Verdicts, worst first:
 Each architecture runs in a forked child with a time limit, so one hang cannot stall the sweep.
 
     python benchmarks/check_architectures.py [--only llama,mistral] [--json out.json] [--markdown docs/architectures.md]
+
+``--accelerator-path`` decodes as on a GPU, on the CPU: every forward gets the 4D mask specdec
+prepares off the CPU (where ``CausalLMRunner.prepares_masks_off_cpu`` says it would) and drafts run
+to their full width with stopped rows masked (``draft_early_exit=False``).
 """
 
 from __future__ import annotations
@@ -145,6 +149,7 @@ def _policy(name):
 
 
 ALTERNATIVES = 0  # the model drafter's first-position alternatives (--alternatives)
+ACCELERATOR_PATH = False  # decode as on a GPU (--accelerator-path)
 
 
 def _drafter(name, draft_model):
@@ -325,7 +330,8 @@ def check_architecture(arch: str, quick: bool = False) -> dict:
             verifier = RecordingVerifier(tap=tap)
             try:
                 decoder = SpeculativeDecoder(
-                    target=target, drafter=_drafter(drafter_name, draft), policy=_policy(policy_name), verifier=verifier
+                    target=target, drafter=_drafter(drafter_name, draft), policy=_policy(policy_name), verifier=verifier,
+                    draft_early_exit=False if ACCELERATOR_PATH else None,
                 )
                 if tap is not None:
                     tap.decoder = decoder
@@ -496,9 +502,16 @@ def main(argv=None) -> int:
                         help="the model drafter verifies this many first-position alternatives too (a token tree)")
     parser.add_argument("--quick", action="store_true",
                         help="single-prompt runs only for model/constant (the batch runs for every combination)")
+    parser.add_argument("--accelerator-path", action="store_true",
+                        help="decode as on a GPU: prepared 4D masks, drafts to full width (see above)")
     args = parser.parse_args(argv)
-    global ALTERNATIVES
+    global ALTERNATIVES, ACCELERATOR_PATH
     ALTERNATIVES = args.alternatives
+    ACCELERATOR_PATH = args.accelerator_path
+    if ACCELERATOR_PATH:  # before the children fork: they inherit it
+        from specdec.core.models import CausalLMRunner
+
+        CausalLMRunner._prepares_masks = lambda self, device: self.prepares_masks_off_cpu
 
     kept, left_out = architectures()
     if args.only:
@@ -537,6 +550,7 @@ def main(argv=None) -> int:
         "prompt_lengths": LENGTHS,
         "quick": args.quick,
         "alternatives": args.alternatives,
+        "accelerator_path": args.accelerator_path,
         "summary": summary_lines(results)[0],
     }
     if args.json:

@@ -8,7 +8,7 @@ from transformers import DynamicCache
 
 from specdec.core.models import CausalLMRunner
 
-from .conftest import tiny_model
+from .conftest import PAD, tiny_model
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
@@ -219,6 +219,48 @@ class TestAttentionLayout:
         positions = torch.tensor([[0, 0, 1]])
         masks = layout.masks(slot_mask, positions, positions[:, -2:], torch.float64)
         assert masks["conv"].tolist() == [[0, 1]]  # the last two slots: a hole, then a token
+
+    @pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+    @pytest.mark.parametrize("cache", ["dynamic", "static"])
+    def test_a_one_token_full_mask_is_the_general_one(self, implementation, cache, monkeypatch):
+        """A one-token step's full-attention mask skips the position comparison (every valid slot's
+        position is at most the new token's): it must equal the general mask, checked at every
+        one-token read of real decodes whose caches hold holes (rejected drafts, a ragged batch),
+        on the accelerator's path (a prepared mask at every forward) and on the static path, where
+        finished rows stay in the batch and read a hole (whose own slot must see itself)."""
+        from .test_exactness import eos_mid_row
+
+        from specdec import SpeculativeDecoder
+        from specdec.core.masks import FULL, SLIDING, AttentionLayout
+        from specdec.drafters import ModelDrafter
+        from specdec.policies import DraftConfidenceLookahead
+
+        from .conftest import left_padded_prompts, perturbed_copy
+
+        fast = AttentionLayout(kinds=(FULL,), implementation=implementation)
+        general = AttentionLayout(kinds=(FULL, SLIDING), sliding_window=10**9, implementation=implementation)
+        compared = []
+        masks = AttentionLayout.masks
+
+        def checked(self, slot_mask, positions, query_positions, dtype, **kwargs):
+            out = masks(self, slot_mask, positions, query_positions, dtype, **kwargs)
+            if query_positions.shape[1] == 1 and kwargs.get("branches") is None:
+                one = masks(fast, slot_mask, positions, query_positions, dtype, **kwargs)
+                assert torch.equal(one, masks(general, slot_mask, positions, query_positions, dtype, **kwargs)[FULL])
+                compared.append(bool((~slot_mask).any()))
+            return out
+
+        monkeypatch.setattr(AttentionLayout, "masks", checked)
+        monkeypatch.setattr(CausalLMRunner, "_prepares_masks", lambda self, device: self.prepares_masks_off_cpu)
+        target = tiny_model("llama")
+        decoder = SpeculativeDecoder(target=target, drafter=ModelDrafter(perturbed_copy(target, 0.3)),
+                                     policy=DraftConfidenceLookahead(threshold=0.5, max_tokens=4), draft_early_exit=False,
+                                     static_cache=cache == "static")
+        ids, mask = left_padded_prompts([3, 9, 6, 1])
+        eos = eos_mid_row(target, ids, mask, 24)
+        out = decoder.generate(ids, attention_mask=mask, max_new_tokens=24, eos_token_id=eos)
+        assert len(compared) > 20 and any(compared)  # many one-token masks, some over caches with holes
+        assert (out.sequences[:, -1] == PAD).any()  # a row finished early (its later steps read holes)
 
     def test_a_window_only_generates_cache_applies_bites_after_the_prompt(self):
         """Moshi's attention builds only full masks; its window is generate's evicting sliding-window

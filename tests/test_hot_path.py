@@ -162,13 +162,13 @@ class TestIterationOps:
     Counted with a dispatch mode, not timed."""
 
     @staticmethod
-    def ops_per_iteration(target, draft_model, sampled: bool, batch: int, k: int = 0) -> float:
+    def ops_per_iteration(target, draft_model, sampled: bool, batch: int, k: int = 0, accelerator: bool = False) -> float:
         from specdec.decoding.ops import iteration_ops
         from specdec.policies import ConstantLookahead
         from specdec.verifiers import RejectionVerifier
 
         decoder = SpeculativeDecoder(target=target, drafter=ModelDrafter(draft_model), policy=ConstantLookahead(k=k),
-                                     verifier=RejectionVerifier())
+                                     verifier=RejectionVerifier(), draft_early_exit=False if accelerator else None)
         input_ids, mask = left_padded(PROMPTS[:batch])
         options = dict(do_sample=True, temperature=0.7, top_p=0.9, generator=torch.Generator().manual_seed(0)) if sampled else {}
         with iteration_ops([target, draft_model]) as count:
@@ -189,3 +189,14 @@ class TestIterationOps:
     @pytest.mark.parametrize("sampled, batch, budget", [(False, 1, 165), (False, 4, 165), (True, 1, 300), (True, 4, 300)])
     def test_a_drafted_iteration_takes_few_ops(self, target, draft_model, sampled, batch, budget):
         assert self.ops_per_iteration(target, draft_model, sampled, batch, k=3) <= budget
+
+    # What a GPU runs (prepared 4D masks at every forward, drafts to full width), counted on the CPU.
+    # k = 3 on the tiny pair: 173 and 188 greedy at batch 1 and 4 before stop 34's one-token masks,
+    # 153 and 170 after.
+    @pytest.mark.parametrize("batch, budget", [(1, 160), (4, 178)])
+    def test_on_the_accelerator_path_a_drafted_iteration_takes_few_ops(self, target, draft_model, batch, budget,
+                                                                       monkeypatch):
+        from specdec.core.models import CausalLMRunner
+
+        monkeypatch.setattr(CausalLMRunner, "_prepares_masks", lambda self, device: self.prepares_masks_off_cpu)
+        assert self.ops_per_iteration(target, draft_model, False, batch, k=3, accelerator=True) <= budget

@@ -125,19 +125,29 @@ class AttentionLayout:
         block's trunk and its own branch only: siblings at one position do not see each other."""
         length, n = slot_mask.shape[1], query_positions.shape[1]
         first = length - n if first_query_slot is None else first_query_slot
-        key_pos = positions[:, None, :]  # [B, 1, L]
-        query_pos = query_positions[:, :, None]  # [B, n, 1]
-        visible = slot_mask[:, None, :] & (key_pos <= query_pos)  # [B, n, L]
-        # A query slot that is a hole still sees itself, so no row of the mask is empty (an empty
-        # row makes NaNs that the next layer would read from the cache).
-        own = torch.arange(first, first + n, device=slot_mask.device)
-        if branches is not None:
-            key_branch = torch.full((length,), -1, dtype=torch.long, device=slot_mask.device)
-            key_branch[first : first + n] = branches
-            visible = visible & ((key_branch[None, :] == -1) | (key_branch[None, :] == branches[:, None]))[None]
-        # An elementwise or, not ``visible[:, arange(n), own] = True``: that index_put syncs the
-        # device (the H200 run's sync_sites.py found it, once per forward).
-        visible = visible | (torch.arange(length, device=slot_mask.device) == own[:, None])[None]
+        if n == 1 and branches is None and self.kinds == (FULL,):
+            # One token (a draft step, a plain step): positions count a row's valid slots, so every
+            # valid slot's is at most the new token's and the mask is the slot mask itself, with the
+            # token's own slot (a hole where the row reads nothing) seeing itself. 2 kernels
+            # instead of the general case's 6; on a GPU each is a launch, and a draft of k tokens
+            # builds k + 1 masks.
+            visible = slot_mask.clone()
+            visible.select(1, first).fill_(True)
+            visible = visible[:, None, :]  # [B, 1, L]
+        else:
+            key_pos = positions[:, None, :]  # [B, 1, L]
+            query_pos = query_positions[:, :, None]  # [B, n, 1]
+            visible = slot_mask[:, None, :] & (key_pos <= query_pos)  # [B, n, L]
+            # A query slot that is a hole still sees itself, so no row of the mask is empty (an
+            # empty row makes NaNs that the next layer would read from the cache).
+            own = torch.arange(first, first + n, device=slot_mask.device)
+            if branches is not None:
+                key_branch = torch.full((length,), -1, dtype=torch.long, device=slot_mask.device)
+                key_branch[first : first + n] = branches
+                visible = visible & ((key_branch[None, :] == -1) | (key_branch[None, :] == branches[:, None]))[None]
+            # An elementwise or, not ``visible[:, arange(n), own] = True``: that index_put syncs the
+            # device (the H200 run's sync_sites.py found it, once per forward).
+            visible = visible | (torch.arange(length, device=slot_mask.device) == own[:, None])[None]
         masks = {}
         for kind in self.kinds:
             seen = visible
