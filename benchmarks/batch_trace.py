@@ -1,13 +1,13 @@
-"""What ``cost-aware`` chooses in a batch, pass after pass, against constant k = 0 on the bundled pair.
+"""What ``cost-aware`` chooses in a batch, pass after pass, against a constant k (default 0) on the bundled pair.
 
     OMP_NUM_THREADS=1 python benchmarks/batch_trace.py [--drafter ngram|model] [--batch-size 16] \
-        [--passes 5] [--json trace.json]
+        [--passes 5] [--against 0] [--json trace.json]
 
 The policy first decodes the batch-1 and batch-4 passes that ``policy_grid.py`` runs before its
 batch-16 cell (one each: it keeps what it measured across requests, as in a server), then
 ``--passes`` passes of ``--num-prompts`` prompts at ``--batch-size``, each right after constant
-k = 0 on the same prompts (interleaved, so that load drift hits both). Per pass: both times, their
-ratio and the tokens the policy drafted; then the k it chose at every iteration of the batch (``p``
+k = ``--against`` on the same prompts (interleaved, so that load drift hits both). Per pass: both
+times, their ratio, the tokens the policy drafted and how often it chose each k; then the k it chose at every iteration of the batch (``p``
 marks a probe), and every iteration it timed that drafted (its seconds, whether it followed a
 drafted iteration, whether it was the request's first to draft). ``--json`` keeps every decision
 (costs and goodput for k <= 3, the slowest and the mean row acceptance) and timing. Greedy.
@@ -16,6 +16,7 @@ drafted iteration, whether it was the request's first to draft). ``--json`` keep
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import statistics
 import sys
@@ -67,6 +68,7 @@ def main():
     parser.add_argument("--num-prompts", type=int, default=16)
     parser.add_argument("--passes", type=int, default=5)
     parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--against", type=int, default=0, help="the constant k each pass is paired with")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -85,18 +87,20 @@ def main():
 
     policy = Traced()
     policy.log = []
-    plain, traced = make(ConstantLookahead(k=0)), make(policy)
+    plain, traced = make(ConstantLookahead(k=args.against)), make(policy)
     for batch_size, count in ((1, 8), (4, 16)):  # what policy_grid.py's cost-aware decoder has seen by then
         run(traced, batch_size, count)
     start_of_batch = len(policy.log)
     ratios = []
     for index in range(args.passes):
         plain_seconds, _ = run(plain, args.batch_size, args.num_prompts)
+        before = len(policy.log)
         seconds, drafted = run(traced, args.batch_size, args.num_prompts)
         ratios.append(plain_seconds / seconds)
-        print(f"pass {index}: constant k=0 {plain_seconds:.2f} s, cost-aware {seconds:.2f} s "
-              f"({ratios[-1]:.3f}x), {drafted} tokens drafted", flush=True)
-    print(f"median over passes 1-{args.passes - 1}: {statistics.median(ratios[1:] or ratios):.3f}x of constant k = 0")
+        chosen = collections.Counter(r["k"] for r in policy.log[before:] if "k" in r)
+        print(f"pass {index}: constant k={args.against} {plain_seconds:.2f} s, cost-aware {seconds:.2f} s "
+              f"({ratios[-1]:.3f}x), {drafted} tokens drafted, k chosen {dict(sorted(chosen.items()))}", flush=True)
+    print(f"median over passes 1-{args.passes - 1}: {statistics.median(ratios[1:] or ratios):.3f}x of constant k = {args.against}")
     log = policy.log[start_of_batch:]
     print("k per iteration:", " ".join(f"{r['k']}{'p' if r['probing'] else ''}" for r in log if "k" in r))
     for r in log:

@@ -2,7 +2,8 @@
 
 For each cell: the target alone, ``constant`` at each k of ``--ks`` and ``cost-aware``, timed in
 interleaved passes (pass r runs every method once, in turn, so load drift on a shared machine hits
-all of them alike); medians of ``--repeats`` passes after ``--warmup``. The cost-aware decoder of a
+all of them alike; the order rotates by one method every pass, since stop 34); medians of
+``--repeats`` passes after ``--warmup``. The cost-aware decoder of a
 (mode, drafter) is one instance across batch sizes, as it would be in a server: it keeps what it
 measured. Greedy outputs are checked against the target's. From the batch size at which specdec
 packs the target's weights on this CPU (``core/packed_linear.py``), ``generate`` on the same packed
@@ -107,19 +108,21 @@ def main():
                 times = {name: [] for name in methods}
                 tokens = {name: [] for name in methods}
                 stats = {name: None for name in methods}
-                reference = None
                 exact = {}
                 load = open("/proc/loadavg").read().split()[0]
+                order = list(methods)
                 for r in range(args.warmup + args.repeats):
-                    for name, run in methods.items():
+                    # The order rotates every pass, so that no method always runs right after another
+                    # (or first, or last) and a drift within a pass does not favour one.
+                    shift = r % len(order)
+                    produced = {}
+                    for name in order[shift:] + order[:shift]:
+                        run = methods[name]
                         start = time.perf_counter()
                         sequences, outs = run()
                         seconds = time.perf_counter() - start
+                        produced[name] = sequences
                         new = sum(int((s[:, e["input_ids"].shape[1]:] != pad).sum()) for s, e in zip(sequences, encoded))
-                        if name == "target alone":
-                            reference = sequences
-                        elif mode == "greedy" and name in decoders:
-                            exact[name] = exact.get(name, True) and all(torch.equal(a, b) for a, b in zip(sequences, reference))
                         if r >= args.warmup:
                             times[name].append(seconds)
                             tokens[name].append(new)
@@ -129,6 +132,11 @@ def main():
                                 accepted = sum(o.stats.accepted for o in outs)
                                 stats[name] = dict(k_mean=drafted / steps, accept=accepted / drafted if drafted else 0.0,
                                                    tau=sum(o.stats.new_tokens for o in outs) / steps)
+                    reference = produced["target alone"]
+                    for name in decoders:
+                        if mode == "greedy":
+                            exact[name] = exact.get(name, True) and all(
+                                torch.equal(a, b) for a, b in zip(produced[name], reference))
                 rates = {name: statistics.median(n / t for n, t in zip(tokens[name], times[name])) for name in methods}
                 # Paired: each pass's rate over the target's rate in the same pass, then the median,
                 # so that load drift between passes cancels.
