@@ -10,7 +10,9 @@ forwards versus the loop's own bookkeeping.
 
 instead counts the tensor ops each iteration dispatches outside the models' forwards (a
 ``TorchDispatchMode``: deterministic, unlike a timing on a noisy host), with constant ``--k``, and
-the call sites that dispatch most. On a CPU each costs 5-10 us.
+the call sites that dispatch most. On a CPU each costs 5-10 us. With ``--accelerator-path`` it
+counts what a GPU runs instead: a prepared 4D mask at every forward and drafts to full width
+(``draft_early_exit=False``), where each op that is not a view is a kernel launch.
 
     python benchmarks/profile_loop.py --plain-floor [--repeats 5]
 
@@ -48,6 +50,7 @@ parser.add_argument("--plain-floor", action="store_true", help="time plain steps
 parser.add_argument("--repeats", type=int, default=5, help="interleaved repeats for --plain-floor")
 parser.add_argument("--ops", action="store_true", help="count tensor ops per iteration (see above)")
 parser.add_argument("--k", type=int, default=None, help="with --ops: a constant lookahead (default: the config's policy)")
+parser.add_argument("--accelerator-path", action="store_true", help="with --ops: count the GPU's path (see above)")
 args = parser.parse_args()
 if args.plain_floor and args.batch_size != 1:
     parser.error("--plain-floor times batch 1 (generate's finished rows run on as padding; the token counts would differ)")
@@ -115,7 +118,12 @@ if args.plain_floor:
     raise SystemExit(0)
 
 if args.ops:
+    from specdec.core.models import CausalLMRunner
     from specdec.decoding.ops import iteration_ops
+
+    if args.accelerator_path:
+        CausalLMRunner._prepares_masks = lambda self, device: self.prepares_masks_off_cpu
+        decoder.draft_early_exit = False
 
     iterations = 0
     models = [model for model in (target, getattr(decoder.drafter, "model", None)) if model is not None]
