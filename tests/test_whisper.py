@@ -137,6 +137,49 @@ class TestEncoderDecoderGenerate:
         if drafter == "shared_encoder-copy":
             assert out.stats.acceptance_rate == 1.0
 
+    @pytest.mark.parametrize("drafter", sorted(DRAFTERS))
+    @pytest.mark.parametrize("cache", ["dynamic", "static"])
+    def test_equals_greedy_generate_on_the_accelerator_path(self, target, drafter, cache, monkeypatch):
+        """What a GPU runs, on the CPU: a 4D decoder mask specdec builds at every forward (off the
+        CPU transformers' own mask creation from the 2D mask syncs) and drafts to full width."""
+        from specdec.core.masks import AttentionLayout
+
+        from specdec.core.models import CausalLMRunner
+
+        for runner in (Seq2SeqRunner, CausalLMRunner):  # the target's, and a shared-encoder draft's
+            monkeypatch.setattr(runner, "_prepares_masks", lambda self, device: self.prepares_masks_off_cpu)
+        built = []
+        masks = AttentionLayout.masks
+
+        def checked(self, slot_mask, *args, **kwargs):
+            mask = masks(self, slot_mask, *args, **kwargs)
+            # Only slots in use are seen (a hole of the block sees itself): a wrong own slot would show
+            # an empty one of a static cache, which the tokens of a random model may not reveal.
+            if reading:  # the target's (a shared-encoder draft reads through CausalLMRunner)
+                assert not mask[..., reading[-1].length:].any()
+                built.append(1)
+            return mask
+
+        reading, forward = [], Seq2SeqRunner.forward
+
+        def target_forward(self, slots, *args, **kwargs):
+            reading.append(slots)
+            try:
+                return forward(self, slots, *args, **kwargs)
+            finally:
+                reading.pop()
+
+        monkeypatch.setattr(Seq2SeqRunner, "forward", target_forward)
+        monkeypatch.setattr(AttentionLayout, "masks", checked)
+        x = features(3, seed=11)
+        prompt = torch.tensor([[SOT, 258, TRANSCRIBE, NO_TIMESTAMPS]] * 3)
+        reference = GenerationMixin.generate(target, x, decoder_input_ids=prompt, max_new_tokens=MAX_NEW)
+        decoder = SpeculativeDecoder(target=target, drafter=DRAFTERS[drafter](target), policy=ConstantLookahead(k=3),
+                                     draft_early_exit=False, static_cache=cache == "static")
+        out = decoder.generate(prompt, input_features=x, max_new_tokens=MAX_NEW)
+        assert_same(reference, out.sequences)
+        assert runner_for(target).prepares_masks_off_cpu and built
+
     def test_default_prompt_is_the_decoder_start_token(self, target):
         """Without input_ids the decoder starts from decoder_start_token_id, as transformers does."""
         x = features(2, seed=12)

@@ -682,6 +682,16 @@ class Seq2SeqRunner:
         self.encoder_outputs = as_encoder_outputs(encoder_outputs)
         return self.encoder_outputs
 
+    def _prepares_masks(self, device: torch.device) -> bool:
+        # As CausalLMRunner's: off the CPU transformers' mask creation from the 2D decoder mask syncs.
+        return device.type != "cpu" and self.prepares_masks_off_cpu
+
+    @property
+    def prepares_masks_off_cpu(self) -> bool:
+        """Whether, off the CPU, every decoder forward gets a 4D mask specdec built (positions are
+        always ``decoder_position_ids`` here: models without them are refused)."""
+        return self.layout.builds_every_mask
+
     def reads_siblings(self, slots: SlotCache | None) -> bool:
         """Token-tree siblings (``CausalLMRunner.reads_siblings``): through a 4D decoder mask, where
         the decoder's attention takes one and its positions are ``decoder_position_ids``."""
@@ -712,11 +722,12 @@ class Seq2SeqRunner:
         if inputs_embeds is not None:
             inputs_embeds = slots.to_physical(inputs_embeds)
         position_ids = slots.extend(valid, dense, siblings)  # [B, n]
-        if siblings is None:
+        if siblings is None and not self._prepares_masks(input_ids.device):
             attention_mask = slots.slot_mask.long()  # [B, L + n] (static: [P, capacity])
-        else:  # a token tree's siblings: a 4D mask keeps them apart
+        else:  # a token tree's siblings (a 4D mask keeps them apart), or off the CPU
+            branches = None if siblings is None else tree_branches(input_ids.shape[1], siblings, input_ids.device)
             attention_mask = self.layout.masks(slots.slot_mask, slots.positions, position_ids, self.model.dtype,
-                                               branches=tree_branches(input_ids.shape[1], siblings, input_ids.device))
+                                               first_query_slot=slots.length - input_ids.shape[1], branches=branches)
         tokens = {"decoder_input_ids": input_ids} if inputs_embeds is None else {"decoder_inputs_embeds": inputs_embeds}
         step = slots.length > input_ids.shape[1]  # the first read computes the cross-attention keys, as generate's
         with packed_steps(self.model, input_ids.numel(), self.packed_one_row) if self.packed_steps and step else nullcontext():
