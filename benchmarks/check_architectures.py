@@ -509,9 +509,9 @@ def main(argv=None) -> int:
     ALTERNATIVES = args.alternatives
     ACCELERATOR_PATH = args.accelerator_path
     if ACCELERATOR_PATH:  # before the children fork: they inherit it
-        from specdec.core.models import CausalLMRunner
+        from specdec.core import models
 
-        CausalLMRunner._prepares_masks = lambda self, device: self.prepares_masks_off_cpu
+        models.PREPARE_MASKS_ON_CPU = True
 
     kept, left_out = architectures()
     if args.only:

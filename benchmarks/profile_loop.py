@@ -118,11 +118,11 @@ if args.plain_floor:
     raise SystemExit(0)
 
 if args.ops:
-    from specdec.core.models import CausalLMRunner
+    from specdec.core import models as runners
     from specdec.decoding.ops import iteration_ops
 
     if args.accelerator_path:
-        CausalLMRunner._prepares_masks = lambda self, device: self.prepares_masks_off_cpu
+        runners.PREPARE_MASKS_ON_CPU = True
         decoder.draft_early_exit = False
 
     iterations = 0

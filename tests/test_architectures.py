@@ -120,7 +120,7 @@ def test_family_exact_on_the_accelerator_path(family, draft, monkeypatch):
     (``draft_early_exit=False``). "tree": the draft's first-position alternatives are verified too."""
     from specdec.core.masks import AttentionLayout
 
-    monkeypatch.setattr(CausalLMRunner, "_prepares_masks", lambda self, device: self.prepares_masks_off_cpu)
+    monkeypatch.setattr("specdec.core.models.PREPARE_MASKS_ON_CPU", True)
     built = []
     masks = AttentionLayout.masks
     monkeypatch.setattr(AttentionLayout, "masks", lambda self, *args, **kwargs: built.append(1) or masks(self, *args, **kwargs))

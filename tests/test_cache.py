@@ -251,7 +251,7 @@ class TestAttentionLayout:
             return out
 
         monkeypatch.setattr(AttentionLayout, "masks", checked)
-        monkeypatch.setattr(CausalLMRunner, "_prepares_masks", lambda self, device: self.prepares_masks_off_cpu)
+        monkeypatch.setattr("specdec.core.models.PREPARE_MASKS_ON_CPU", True)
         target = tiny_model("llama")
         decoder = SpeculativeDecoder(target=target, drafter=ModelDrafter(perturbed_copy(target, 0.3)),
                                      policy=DraftConfidenceLookahead(threshold=0.5, max_tokens=4), draft_early_exit=False,

@@ -196,7 +196,5 @@ class TestIterationOps:
     @pytest.mark.parametrize("batch, budget", [(1, 160), (4, 178)])
     def test_on_the_accelerator_path_a_drafted_iteration_takes_few_ops(self, target, draft_model, batch, budget,
                                                                        monkeypatch):
-        from specdec.core.models import CausalLMRunner
-
-        monkeypatch.setattr(CausalLMRunner, "_prepares_masks", lambda self, device: self.prepares_masks_off_cpu)
+        monkeypatch.setattr("specdec.core.models.PREPARE_MASKS_ON_CPU", True)
         assert self.ops_per_iteration(target, draft_model, False, batch, k=3, accelerator=True) <= budget

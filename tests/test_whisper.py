@@ -144,10 +144,7 @@ class TestEncoderDecoderGenerate:
         CPU transformers' own mask creation from the 2D mask syncs) and drafts to full width."""
         from specdec.core.masks import AttentionLayout
 
-        from specdec.core.models import CausalLMRunner
-
-        for runner in (Seq2SeqRunner, CausalLMRunner):  # the target's, and a shared-encoder draft's
-            monkeypatch.setattr(runner, "_prepares_masks", lambda self, device: self.prepares_masks_off_cpu)
+        monkeypatch.setattr("specdec.core.models.PREPARE_MASKS_ON_CPU", True)
         built = []
         masks = AttentionLayout.masks
 

@@ -217,6 +217,19 @@ def select_encoder_rows(outputs: ModelOutput, index: torch.Tensor) -> ModelOutpu
     return type(outputs)(**{name: field[index] for name, field in outputs.items()})
 
 
+# The accelerator's path on a CPU: runners prepare their 4D masks there too. For tests and the
+# benchmarks that check what a GPU runs (check_architectures.py, profile_loop.py --accelerator-path).
+PREPARE_MASKS_ON_CPU = False
+
+
+def _prepares_masks(runner, device: torch.device) -> bool:
+    """Whether ``runner`` hands this forward a 4D mask it built. Off the CPU, transformers' sdpa mask
+    creation from a 2D mask syncs the device (it asks whether the mask is all ones, in Python, for
+    one-token steps and prefills); a prepared 4D mask is used as it is. On the CPU a sync is free
+    and the 2D path is transformers' own."""
+    return (device.type != "cpu" or PREPARE_MASKS_ON_CPU) and runner.prepares_masks_off_cpu
+
+
 def compiled_forward(model: PreTrainedModel):
     """``model.forward`` through ``torch.compile(dynamic=False)``, compiled once per model and process
     (CUDA graphs too on CUDA: ``mode="reduce-overhead"``). Only static-shape steps call it: their
@@ -381,12 +394,6 @@ class CausalLMRunner:
     packed_one_row = False  # set per request (CachedModel.begin): one-token steps too (a drafter's)
     grouped_steps = False  # set per request (CachedModel.begin): multi-token steps' attention by gqa_steps
 
-    def _prepares_masks(self, device: torch.device) -> bool:
-        # Off the CPU, transformers' sdpa mask creation from a 2D mask syncs the device (it asks
-        # whether the mask is all ones, in Python, for one-token steps and prefills); a prepared 4D
-        # mask is used as it is. On the CPU a sync is free and the 2D path is transformers' own.
-        return device.type != "cpu" and self.prepares_masks_off_cpu
-
     @property
     def prepares_masks_off_cpu(self) -> bool:
         """Whether, off the CPU, every forward gets a 4D mask specdec built: where it can build every
@@ -417,7 +424,7 @@ class CausalLMRunner:
         one_token = input_ids.shape[1] == 1
         branches = None if siblings is None else tree_branches(input_ids.shape[1], siblings, input_ids.device)
         if self.layout.counts_positions or branches is not None or slots.attends and (
-                slots.static or self._prepares_masks(input_ids.device)):
+                slots.static or _prepares_masks(self, input_ids.device)):
             attention_mask = self.layout.masks(slots.slot_mask, slots.positions, position_ids, self.model.dtype,
                                                first_query_slot=slots.length - input_ids.shape[1],
                                                prompt_lengths=slots.prompt_lengths, branches=branches)
@@ -682,10 +689,6 @@ class Seq2SeqRunner:
         self.encoder_outputs = as_encoder_outputs(encoder_outputs)
         return self.encoder_outputs
 
-    def _prepares_masks(self, device: torch.device) -> bool:
-        # As CausalLMRunner's: off the CPU transformers' mask creation from the 2D decoder mask syncs.
-        return device.type != "cpu" and self.prepares_masks_off_cpu
-
     @property
     def prepares_masks_off_cpu(self) -> bool:
         """Whether, off the CPU, every decoder forward gets a 4D mask specdec built (positions are
@@ -722,7 +725,7 @@ class Seq2SeqRunner:
         if inputs_embeds is not None:
             inputs_embeds = slots.to_physical(inputs_embeds)
         position_ids = slots.extend(valid, dense, siblings)  # [B, n]
-        if siblings is None and not self._prepares_masks(input_ids.device):
+        if siblings is None and not _prepares_masks(self, input_ids.device):
             attention_mask = slots.slot_mask.long()  # [B, L + n] (static: [P, capacity])
         else:  # a token tree's siblings (a 4D mask keeps them apart), or off the CPU
             branches = None if siblings is None else tree_branches(input_ids.shape[1], siblings, input_ids.device)
