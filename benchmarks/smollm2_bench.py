@@ -172,6 +172,10 @@ def contenders(run: str, target, head, heuristic_max: int, only=(), other_head=N
     found[f"{behind} cost-aware (unpacked)"] = spec(behind_lookup(), CostAwareLookahead(), packed=False)
     found[f"{behind} draft-confidence auto (unpacked)"] = spec(behind_lookup(), confidence_auto(), packed=False)
     for rule in RULES:
+        # Constant k: the same drafts and verifies on each step path, so only the steps' cost differs.
+        found[f"specdec hidden_state k=2 ({rule})"] = spec(HiddenStateDrafter(head), ConstantLookahead(k=2), rule=rule)
+        found[f"specdec ngram>=2 k=10 ({rule})"] = spec(NGramDrafter(max_ngram=3, min_ngram=2), ConstantLookahead(k=10),
+                                                       rule=rule)
         found[f"{behind} cost-aware ({rule})"] = spec(behind_lookup(), CostAwareLookahead(), rule=rule)
         found[f"{behind} draft-confidence auto ({rule})"] = spec(behind_lookup(), confidence_auto(), rule=rule)
         found[f"{behind} cost-aware +3 alternatives ({rule})"] = spec(behind_lookup(alternatives=3), CostAwareLookahead(),

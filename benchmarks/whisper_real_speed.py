@@ -34,6 +34,8 @@ English, task transcribe, no timestamps, greedy):
   draft's one-token steps on torch's path; ``benchmarks/packing_rules.py``).
 - ``specdec-widthon``: ``specdec`` packed by stops 22-25's rule (a weight packed only from the fewest
   rows from which packed wins at every wider trial width; ``benchmarks/packing_rules.py``).
+- ``specdec-stop34``: ``specdec`` on stops 26-34's step path: its weights' shapes timed in a single
+  round (``benchmarks/packing_rules.py``, rule "stop 34").
 - ``specdec-int8``: the same loop with base's whole decoder (its six layers and its full head)
   dynamically quantised to int8 (``torch.ao.quantization.quantize_dynamic`` on every Linear) as a
   shared-encoder draft: self-speculation, no training.
@@ -187,6 +189,7 @@ def contenders(target, draft, policy: str, int8, assistant, hf_tokens: int | Non
         out[named("specdec-unpacked", choice)] = (None, speculative(draft, choice, packed=False))
         out[named("specdec-stop21", choice)] = (None, speculative(draft, choice, rule="stop 21"))
         out[named("specdec-widthon", choice)] = (None, speculative(draft, choice, rule="from a width on"))
+        out[named("specdec-stop34", choice)] = (None, speculative(draft, choice, rule="stop 34"))
         for count in (1, 2, 3):
             out[named(f"specdec-alt{count}", choice)] = (None, speculative(draft, choice, alternatives=count))
     for choice in choices if other_draft is not None else ():
@@ -220,7 +223,7 @@ def measure(args) -> dict:
     target, processor = load_target(args.model)
     wanted = set(args.contenders.split(","))
     # Only contenders that draft with it load the draft: base's peak memory (--memory) must not hold it.
-    draft = load_shared_encoder_draft(args.draft, target) if wanted & {"specdec", "specdec-unpacked", "specdec-stop21", "specdec-widthon", "specdec-alt1", "specdec-alt2", "specdec-alt3",
+    draft = load_shared_encoder_draft(args.draft, target) if wanted & {"specdec", "specdec-unpacked", "specdec-stop21", "specdec-widthon", "specdec-stop34", "specdec-alt1", "specdec-alt2", "specdec-alt3",
                                                                    "hf-assisted"} else None
     eot = target.generation_config.eos_token_id
     clock = EncoderClock(target)

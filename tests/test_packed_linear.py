@@ -207,9 +207,16 @@ def test_a_measurement_is_kept_for_the_next_process_on_this_machine(monkeypatch,
     record = json.loads(packed_linear.measurements_file().read_text())
     assert packed_linear.measurements_file() == tmp_path / "cache" / "packing.json"
     assert list(record.values()) == [{str(rows): list(pair) for rows, pair in times.items()}]  # the times, not a rule
-    assert list(record)[0].endswith(f"|{torch.get_num_threads()} threads|2048x512")
+    assert list(record)[0].endswith(f"|{torch.get_num_threads()} threads|2048x512|{packed_linear.TIMING_ROUNDS} rounds")
     monkeypatch.setattr(packed_linear, "_MEASURED", {})  # a new process
     assert packed_linear.faster_at(weight) == everywhere and len(timed) == 1  # read, not timed again
+    one_round = list(record)[0].rsplit("|", 1)[0]  # how stops 20-34 keyed a shape timed in a single round
+    packed_linear.measurements_file().write_text(json.dumps({one_round: {rows: [1.0, 2.0] for rows in times}}))
+    monkeypatch.setattr(packed_linear, "_MEASURED", {})
+    assert packed_linear.faster_at(weight) == everywhere and len(timed) == 2  # timed again, not read
+    assert sorted(json.loads(packed_linear.measurements_file().read_text())) == sorted([one_round, list(record)[0]])
+    packed_linear.measurements_file().write_text(json.dumps(record))
+    timed.pop()
     assert packed_linear.padded_widths(weight) == {1: 4, 2: 4, 3: 4} and len(timed) == 1
     monkeypatch.setattr(packed_linear, "_MEASURED", {})
     packed_linear.measurements_file().write_text("not json")  # a damaged file: measured again, rewritten
@@ -227,6 +234,29 @@ def test_a_measurement_is_kept_for_the_next_process_on_this_machine(monkeypatch,
     blocked.write_text("")
     monkeypatch.setenv("SPECDEC_CACHE", str(blocked))  # a cache that cannot be written: kept in the process
     assert packed_linear.faster_at(weight) == everywhere and len(timed) == 8
+
+
+def test_a_burst_in_one_round_of_timing_does_not_decide_a_shape(monkeypatch):
+    """Each path and width is timed in every round, the paths in turn, and keeps its fastest round:
+    a neighbour's burst while one path is timed (here packed at 3 rows, the first round) is outvoted."""
+    calls = []
+
+    def fastest(call):
+        path = "packed" if len(calls) % 2 else "torch"
+        rows = packed_linear.TRIAL_ROWS[len(calls) // 2 % len(packed_linear.TRIAL_ROWS)]
+        calls.append((path, rows))
+        burst = path == "packed" and rows == 3 and len(calls) <= 2 * len(packed_linear.TRIAL_ROWS)
+        return (0.9 if burst else 0.3) if path == "packed" else 0.5
+
+    monkeypatch.setattr(packed_linear, "_fastest", fastest)
+    monkeypatch.setattr(packed_linear, "COLD_BYTES", 1)  # one copy of the weight
+    times = REAL_TIME_SHAPE(torch.zeros(64, 64))
+    assert len(calls) == 2 * len(packed_linear.TRIAL_ROWS) * packed_linear.TIMING_ROUNDS
+    assert calls[:4] == [("torch", 1), ("packed", 1), ("torch", 2), ("packed", 2)]  # in turn, width by width
+    assert times[3] == (0.5, 0.3)
+    monkeypatch.setattr(packed_linear, "TIMING_ROUNDS", 1)  # one round: the burst decides
+    calls.clear()
+    assert REAL_TIME_SHAPE(torch.zeros(64, 64))[3] == (0.5, 0.9)
 
 
 def test_two_generations_of_cpu_with_one_generic_name_are_kept_apart():

@@ -12,8 +12,10 @@ where ``generate``'s step spends none.
 
 ``gqa_steps(model)`` makes, for the forwards inside it, the model's attention layers that run
 ``sdpa`` run ``attention`` instead: on a CPU, with a tensor mask and nothing else ``sdpa`` would add
-(no position bias, soft cap, sinks or dropout), it calls ``scaled_dot_product_attention`` with the
-mask and ``enable_gqa=True``, the kernel ``generate``'s own steps use; any other call goes to
+(no position bias, soft cap, sinks or dropout), it calls ``scaled_dot_product_attention`` once
+over the key/value heads, each one's query heads folded into its query rows (``_folded``; since
+stop 35: ``enable_gqa=True``, the grouping ``generate``'s own steps use, took 2-2.5x as long for
+a few query rows on the project's EPYC); any other call goes to
 Transformers' ``sdpa`` as before. It works by setting the attention layers' configs'
 implementation to ``specdec_sdpa_gqa`` (registered with Transformers' ``AttentionInterface``, and
 with its ``sdpa`` mask) for the forward only; the model is unchanged outside it. CPU only: CUDA's
@@ -48,11 +50,31 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
             and query.device.type == "cpu" and position_bias is None and not dropout
             and kwargs.get("softcap") is None and kwargs.get("s_aux") is None
             and not kwargs.get("output_attentions", False) and key.shape[-1] == value.shape[-1]):
-        out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=scaling,
-                                             enable_gqa=True)
-        return out.transpose(1, 2).contiguous(), None
+        return _folded(query, key, value, attention_mask, scaling).transpose(1, 2).contiguous(), None
     return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                   is_causal=is_causal, position_bias=position_bias, **kwargs)
+
+
+def _folded(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
+            scaling: float | None) -> torch.Tensor:
+    """Grouped attention with each key/value head's query heads folded into its query rows: query head
+    h reads key/value head h // groups (``repeat_kv``'s order), so [B, heads, T, D] viewed as
+    [B, kv heads, groups x T, D] puts every query that reads a key/value head beside the others, and
+    one plain kernel call over the key/value heads does what ``enable_gqa`` does. Torch's CPU kernel
+    runs a few query rows per head far better so: a 3-token block of SmolLM2 (9 heads on 3, 250
+    cached tokens) takes 74 us folded against 170-180 us with ``enable_gqa`` (docs/benchmarks.md,
+    stop 35). Each query row's sums are the same either way. A mask that differs between heads is
+    not folded."""
+    batch, heads, width, dim = query.shape
+    kv_heads = key.shape[1]
+    groups = heads // kv_heads
+    if mask.dim() != 4 or mask.shape[1] != 1 or heads != groups * kv_heads:
+        return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling, enable_gqa=True)
+    rows = mask.shape[0]
+    folded_mask = mask.expand(rows, groups, width, mask.shape[-1]).reshape(rows, 1, groups * width, mask.shape[-1])
+    out = F.scaled_dot_product_attention(query.reshape(batch, kv_heads, groups * width, dim), key, value,
+                                         attn_mask=folded_mask, scale=scaling)
+    return out.view(batch, heads, width, out.shape[-1])
 
 
 AttentionInterface.register(NAME, attention)

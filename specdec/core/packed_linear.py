@@ -90,9 +90,12 @@ MARGIN = 0.9
 # such a layer can save.
 MIN_WEIGHT = 1 << 16
 TIMING_REPEATS = 3
+# Rounds over every trial width, each path in turn; a shape's time per path and width is its fastest
+# over the rounds, so that a neighbour's burst during one path's calls cannot decide the shape alone.
+TIMING_ROUNDS = 3
 # A shape is timed on copies of it filling this much memory, more than a CPU's caches hold (see time_shape).
 COLD_BYTES = 64 << 20
-TIMING_BUDGET = 2e-3  # seconds per shape, width and path: enough repeats for a small weight
+TIMING_BUDGET = 1e-3  # seconds per shape, width, path and round: enough repeats for a small weight
 
 # weight shape -> {rows: (torch's seconds, packed seconds)} on this machine (time_shape)
 _MEASURED: dict[tuple[int, int], dict[int, tuple[float, float]]] = {}
@@ -267,8 +270,10 @@ def measurements_file() -> Path:
 
 
 def _machine_key(shape: tuple[int, ...]) -> str:
-    """A measurement holds for this CPU, this torch and this many threads."""
-    return f"{cpu_name()}|torch {torch.__version__}|{torch.get_num_threads()} threads|{shape[0]}x{shape[1]}"
+    """A measurement holds for this CPU, this torch and this many threads, timed this way (entries of
+    a single round, written before stop 35, are timed again)."""
+    return (f"{cpu_name()}|torch {torch.__version__}|{torch.get_num_threads()} threads|{shape[0]}x{shape[1]}"
+            f"|{TIMING_ROUNDS} rounds")
 
 
 @functools.cache
@@ -368,7 +373,12 @@ def pad_widths(times: dict[int, tuple[float, float]]) -> dict[int, int]:
 @torch.no_grad()
 def time_shape(weight: torch.Tensor) -> dict[int, tuple[float, float]]:
     """``{rows: (torch's seconds, packed seconds)}`` for a linear layer of ``weight``'s shape at
-    ``TRIAL_ROWS``, the fastest of a few calls each (the least disturbed by a neighbour).
+    ``TRIAL_ROWS``, the fastest of a few calls each (the least disturbed by a neighbour), over
+    ``TIMING_ROUNDS`` rounds of every width and both paths. One round alone was not enough on a
+    noisy host: a 576 x 576 weight recorded 3 rows at 302 us packed against 170 us on torch's path,
+    and so SmolLM2's query and output projections ran unpacked in its 3-token verifies, where four
+    rounds of the same timing a day later all put packed at 0.56-0.73 of torch's time
+    (docs/benchmarks.md, stop 35).
 
     Timed as a model runs it: the weight read from memory, not from a cache that the previous call
     left it in. A forward reads dozens of weights in turn, so a small one is never hot when its layer
@@ -383,13 +393,15 @@ def time_shape(weight: torch.Tensor) -> dict[int, tuple[float, float]]:
                                                             for _ in range(count)]
     packed = [torch.ops.mkldnn._reorder_linear_weight(w, None) for w in plain]
     generator = torch.Generator().manual_seed(0)
-    times = {}
-    for rows in TRIAL_ROWS:
-        x = torch.randn(rows, weight.shape[1], generator=generator, dtype=weight.dtype)
-        turn = itertools.count()
-        times[rows] = (_fastest(lambda: F.linear(x, plain[next(turn) % count])),
-                       _fastest(lambda: torch.ops.mkldnn._linear_pointwise(x, packed[next(turn) % count], None,
-                                                                            "none", [], "")))
+    inputs = {rows: torch.randn(rows, weight.shape[1], generator=generator, dtype=weight.dtype) for rows in TRIAL_ROWS}
+    turn = itertools.count()
+    times = {rows: (math.inf, math.inf) for rows in TRIAL_ROWS}
+    for _ in range(TIMING_ROUNDS):
+        for rows, x in inputs.items():
+            plain_time = _fastest(lambda: F.linear(x, plain[next(turn) % count]))
+            packed_time = _fastest(lambda: torch.ops.mkldnn._linear_pointwise(x, packed[next(turn) % count], None,
+                                                                               "none", [], ""))
+            times[rows] = (min(times[rows][0], plain_time), min(times[rows][1], packed_time))
     return times
 
 
