@@ -25,7 +25,8 @@ saves).
 On an AMD EPYC (Zen 4, family 25 model 17, 2 vCPUs) MKL's sgemm runs 2
 and 3 rows at 2.3x and 3.3x the time of one row (a 49152 x 576 weight: 10.1, 22.9 and 33.2 ms)
 and packed wins from 2 rows on every weight measured, small ones included (docs/benchmarks.md,
-stop 21). Timing the shapes costs 1.0 s for SmolLM2-135M on that EPYC, once per machine.
+stop 21). Timing the shapes (three rounds, ``time_shape``) costs 1.0 s for the bundled target and
+3.9 s for SmolLM2-135M on the Zen 3 EPYC of stops 27-35, once per machine.
 
 The same timings say where a wider call is cheaper than a narrower one: on that EPYC oneDNN's 2-row
 kernel is its slowest (SmolLM2's head: 9.0 ms for 2 rows packed, 5.8 ms for 4; its whole forward
@@ -250,7 +251,7 @@ def padded_widths(weight: torch.Tensor) -> dict[int, int]:
 def measured(weight: torch.Tensor) -> dict[int, tuple[float, float]]:
     """``time_shape`` of ``weight``'s shape on this machine, timed the first time the shape is asked
     for and kept for the process, and in ``measurements_file()`` for the next ones on this machine
-    (the bundled target's five shapes take 0.4 s to time, as long as its whole 128-token answer)."""
+    (the bundled target's five shapes take 1.0 s to time on the Zen 3 EPYC)."""
     shape = tuple(weight.shape)
     if shape not in _MEASURED:
         key = _machine_key(shape)
