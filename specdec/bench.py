@@ -23,6 +23,8 @@ GPU at large batches, it costs more. The **ceiling** counts that too: with v the
 a (k + 1)-token target forward over a one-token one (interpolated at the mean lookahead), it is
 ``tau / (k c + v)``, what a loop with no overhead of its own would reach with these models, this
 acceptance and this lookahead. The share of the ceiling reached is the loop's own efficiency.
+c and v are timed in turn, a target step, the draft's steps and the verify's forwards in every
+repeat (``step_costs``), so that the machine's slow spells fall on all of them alike.
 
 Exactness is reported as the share of rows identical to the target's own greedy output. In
 float64 it is 1 by construction; in float32 and half precision a (k+1)-token verification and a
@@ -41,6 +43,7 @@ import torch
 from transformers import DynamicCache
 
 from .config import SpecdecConfig
+from .core import gqa_attention
 from .core.models import cache_argument
 from .core.packed_linear import applies_to, packed_everywhere, packed_steps, packs_at
 from .core.types import token_id_list
@@ -117,18 +120,75 @@ def block_cost(model, batch_size: int, context: int, width: int, repeats: int = 
     """Seconds for one forward of ``width`` new tokens per row with ``context`` tokens cached (a
     verify of ``width - 1`` drafts), the logits of all of them kept; with ``packed``, as specdec runs
     it on packed weights (``core/packed_linear.py``; one-row calls too with ``one_row``, a drafter's)."""
-    ids = torch.randint(3, model.config.vocab_size, (batch_size, context + width), device=model.device)
-    cache = DynamicCache()
-    model(input_ids=ids[:, :context], use_cache=True, logits_to_keep=1, **{cache_argument(model): cache})
-    block = ids[:, context:]
-    times = []
-    for _ in range(repeats):
-        with packed_steps(model, block.numel(), one_row) if packed else nullcontext():
+    forward = _CachedForward(model, batch_size, context, width, packed, one_row)
+    return statistics.median(forward.time() for _ in range(repeats))
+
+
+class _CachedForward:
+    """One model's forward over ``width`` new tokens per row after ``context`` cached ones, timed as
+    often as asked, the cache cut back after each timing. ``verify``: as specdec's verify reads the
+    block on a CPU, with its 2D mask and its grouped-query attention (``core/gqa_attention.py``)."""
+
+    def __init__(self, model, batch_size: int, context: int, width: int, packed: bool = False, one_row: bool = False,
+                 verify: bool = False):
+        self.model, self.width, self.packed, self.one_row = model, width, packed, one_row
+        ids = torch.randint(3, model.config.vocab_size, (batch_size, context + width), device=model.device)
+        self.cache = DynamicCache()
+        self.argument = cache_argument(model)
+        with torch.no_grad():
+            model(input_ids=ids[:, :context], use_cache=True, logits_to_keep=1, **{self.argument: self.cache})
+        self.block = ids[:, context:]
+        self.grouped = verify and width > 1 and gqa_attention.applies_to(model)
+        self.mask = ({"attention_mask": torch.ones(batch_size, context + width, dtype=torch.long, device=model.device)}
+                     if verify and width > 1 else {})
+
+    @torch.no_grad()
+    def time(self, runs: int = 1) -> float:
+        """Mean seconds per forward over ``runs`` forwards in a row, each one more cached (a draft's steps)."""
+        with (packed_steps(self.model, self.block.numel(), self.one_row) if self.packed else nullcontext(),
+              gqa_attention.gqa_steps(self.model) if self.grouped else nullcontext()):
             start = time.perf_counter()
-            model(input_ids=block, use_cache=True, logits_to_keep=width, **{cache_argument(model): cache})
-            times.append(time.perf_counter() - start)
-        cache.crop(-width)
-    return statistics.median(times)
+            for _ in range(runs):
+                self.model(input_ids=self.block, use_cache=True, logits_to_keep=self.width, **self.mask,
+                           **{self.argument: self.cache})
+            seconds = (time.perf_counter() - start) / runs
+        self.cache.crop(-self.width * runs)
+        return seconds
+
+
+def step_costs(target, draft, batch_size: int, k: float, context: int = 128, repeats: int = 20, packed: bool = False,
+               draft_packed: bool = False) -> tuple[float, float]:
+    """(c, v) for the ideal and the ceiling at a mean lookahead ``k``: c a draft step over ``generate``'s
+    one-token target step (0 without a ``draft``), v a (k + 1)-token target forward over that step
+    (``verify_cost``), read as specdec's verify reads it (packed weights with ``packed``, its mask and
+    grouped attention: without them the ceiling's verify ran slower than the loop's and the loop
+    reached 101-108% of its ceiling).
+
+    Timed in turn, as the loop runs them: each repeat times the target's one-token step, then
+    round(k) draft steps in a row (their mean; the first reads weights the target's forward pushed out
+    of the CPU's caches, as in the loop), then the target's forwards at the verify widths either side of
+    k + 1; c and v are ratios of medians. Timed apart, as before stop 35, a slow spell of the machine
+    landed on one part alone: the same draft's c read 0.11 and 0.20 in one run, and the share of the
+    ceiling 83-110%."""
+    low = int(k)
+    widths = sorted({low + 1} | ({low + 2} if k > low else set()))
+    step = _CachedForward(target, batch_size, context, 1)
+    blocks = {width: _CachedForward(target, batch_size, context, width, packed=packed, verify=True)
+              for width in widths if width > 1}
+    drafting = _CachedForward(draft, batch_size, context, 1, draft_packed, draft_packed) if draft is not None else None
+    runs = max(1, round(k))
+    steps, drafts, verifies = [], [], {width: [] for width in blocks}
+    for _ in range(repeats):
+        steps.append(step.time())
+        if drafting is not None:
+            drafts.append(drafting.time(runs))
+        for width, forward in blocks.items():
+            verifies[width].append(forward.time())
+    one = statistics.median(steps)
+    measured = {(1, False): one, (1, True): one}  # a target's one-row call is never packed
+    measured.update({(width, packed): statistics.median(times) for width, times in verifies.items()})
+    c = statistics.median(drafts) / one if drafts else 0.0
+    return c, verify_cost(target, batch_size, k, context, measured=measured, packed=packed)
 
 
 def verify_cost(model, batch_size: int, k: float, context: int = 128, measured: dict | None = None,
@@ -321,8 +381,6 @@ def run_bench(
                                     note=note, seconds_min=a["seconds_min"], seconds_max=a["seconds_max"],
                                     speedup_min=low, speedup_max=high, repeats=a["repeats"]))
 
-        target_cost = forward_cost(target, batch_size, context=128)
-        blocks: dict[int, float] = {}  # verify widths timed at this batch size
         for (drafter, policy), contender in specdec_of.items():
             decoder = decoders[(drafter, policy)]
             s = summary(contender)
@@ -333,16 +391,12 @@ def run_bench(
             row_steps = sum(o.stats.row_steps for o in outs)
             tau = new / row_steps if row_steps else 0.0
             k_mean = drafted / row_steps if row_steps else 0.0
-            if drafter == "model":
-                draft = decoder.drafter.model
-                packs = decoder.packed_weights and applies_to(draft)
-                c = forward_cost(draft, batch_size, context=128, packed=packs) / target_cost
-            else:
-                c = 0.0
+            draft = decoder.drafter.model if drafter == "model" else None
+            c, v = (step_costs(target, draft, batch_size, k_mean, packed=decoder.packed_weights and applies_to(target),
+                               draft_packed=draft is not None and decoder.packed_weights and applies_to(draft))
+                    if row_steps else (0.0, None))
             alpha = solve_alpha(tau, k_mean)
             ideal = tau / (k_mean * c + 1) if row_steps else None
-            packed = decoder.packed_weights and applies_to(target)
-            v = verify_cost(target, batch_size, k_mean, measured=blocks, packed=packed) if row_steps else None
             ceiling = ceiling_speedup(tau, k_mean, c, v) if row_steps else None
             speedup, low, high = _spread(s["paired"])
             hf = assisted_of.get((drafter, policy))

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from specdec.cli import app
 
 from .saved_pair import save_pair
+from .test_pair import PAIR, needs_pair
 
 runner = CliRunner()
 
@@ -510,8 +513,8 @@ class TestBenchMeasures:
     def test_above_the_ideal_is_flagged_as_noise(self, pair, tmp_path, monkeypatch):
         import specdec.bench
 
-        costs = iter([1.0, 1000.0])  # the draft "costs" 1000 target forwards: the ideal is far below 1
-        monkeypatch.setattr(specdec.bench, "forward_cost", lambda *a, **k: next(costs))
+        # the draft "costs" 1000 target forwards: the ideal is far below 1
+        monkeypatch.setattr(specdec.bench, "step_costs", lambda *a, **k: (1000.0, 1.0))
         out = tmp_path / "b.json"
         result = runner.invoke(app, ["bench", "-c", str(pair), "--batch-sizes", "1", "--num-prompts", "1",
                                      "--max-new-tokens", "4", "--repeats", "1", "--warmup", "0", "--no-assisted",
@@ -532,6 +535,37 @@ class TestReadmeSnippet:
         result = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, cwd=tmp_path,
                                 env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)
         assert "ROWS 2" in result.stdout, result.stderr
+
+
+@needs_pair
+def test_the_ceilings_costs_are_timed_in_turn_as_the_loop_runs_them(monkeypatch):
+    """c and v come from one interleaved timing: each repeat a target step, round(k) draft steps in a
+    row, then the verify widths either side of k + 1; timed apart, a slow spell hit one part alone."""
+    from transformers import AutoModelForCausalLM
+
+    import specdec.bench
+
+    target = AutoModelForCausalLM.from_pretrained(PAIR / "target", dtype=torch.float32, local_files_only=True).eval()
+    draft = AutoModelForCausalLM.from_pretrained(PAIR / "draft", dtype=torch.float32, local_files_only=True).eval()
+    calls = []
+    for name, model in (("target", target), ("draft", draft)):
+        original = model.forward
+
+        @functools.wraps(original)  # its signature kept: the cache argument's name is read from it
+        def counted(*args, name=name, original=original, **kwargs):
+            calls.append((name, kwargs["input_ids"].shape[1], kwargs.get("attention_mask") is not None))
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(model, "forward", counted)
+    c, v = specdec.bench.step_costs(target, draft, 2, 2.5, context=16, repeats=2)
+    assert c > 0 and v > 0
+    # round(2.5) = 2 drafts; the verify blocks with a mask, as specdec's verify reads them (generate's step: none)
+    one_repeat = [("target", 1, False), ("draft", 1, False), ("draft", 1, False), ("target", 3, True), ("target", 4, True)]
+    prefills = [("target", 16, False)] * 3 + [("draft", 16, False)]
+    assert calls == prefills + one_repeat * 2
+    calls.clear()
+    c, v = specdec.bench.step_costs(target, None, 1, 0.0, context=16, repeats=1)  # n-gram: no draft, no verify block
+    assert c == 0.0 and v == pytest.approx(1.0) and calls == [("target", 16, False), ("target", 1, False)]
 
 
 def test_ceiling_counts_the_verify_cost():
