@@ -13,9 +13,9 @@ where ``generate``'s step spends none.
 ``gqa_steps(model)`` makes, for the forwards inside it, the model's attention layers that run
 ``sdpa`` run ``attention`` instead: on a CPU, with a tensor mask and nothing else ``sdpa`` would add
 (no position bias, soft cap, sinks or dropout), it calls ``scaled_dot_product_attention`` once
-over the key/value heads, each one's query heads folded into its query rows (``_folded``; since
-stop 35: ``enable_gqa=True``, the grouping ``generate``'s own steps use, took 2-2.5x as long for
-a few query rows on the project's EPYC); any other call goes to
+over the key/value heads, each one's query heads folded into its query rows (``_folded``, since
+stop 35; until then it passed ``enable_gqa=True``, the grouping ``generate``'s own steps use, which
+took 2-2.5x as long for a few query rows on the project's EPYC); any other call goes to
 Transformers' ``sdpa`` as before. It works by setting the attention layers' configs'
 implementation to ``specdec_sdpa_gqa`` (registered with Transformers' ``AttentionInterface``, and
 with its ``sdpa`` mask) for the forward only; the model is unchanged outside it. CPU only: CUDA's
