@@ -41,7 +41,7 @@ def timed_in_one_round(weight: torch.Tensor) -> dict[int, tuple[float, float]]:
     shape = tuple(weight.shape)
     if shape in _ONE_ROUND:
         return _ONE_ROUND[shape]
-    key = f"{packed_linear.cpu_name()}|torch {torch.__version__}|{torch.get_num_threads()} threads|{shape[0]}x{shape[1]}"
+    key = packed_linear._machine_key(shape).rsplit("|", 1)[0]  # stop 34's key: no count of rounds
     entry = json.loads(STOP_34_TIMES.read_text()).get(key)
     if entry is not None:
         _ONE_ROUND[shape] = {int(rows): tuple(pair) for rows, pair in entry.items()}

@@ -210,13 +210,6 @@ def test_a_measurement_is_kept_for_the_next_process_on_this_machine(monkeypatch,
     assert list(record)[0].endswith(f"|{torch.get_num_threads()} threads|2048x512|{packed_linear.TIMING_ROUNDS} rounds")
     monkeypatch.setattr(packed_linear, "_MEASURED", {})  # a new process
     assert packed_linear.faster_at(weight) == everywhere and len(timed) == 1  # read, not timed again
-    one_round = list(record)[0].rsplit("|", 1)[0]  # how stops 20-34 keyed a shape timed in a single round
-    packed_linear.measurements_file().write_text(json.dumps({one_round: {rows: [1.0, 2.0] for rows in times}}))
-    monkeypatch.setattr(packed_linear, "_MEASURED", {})
-    assert packed_linear.faster_at(weight) == everywhere and len(timed) == 2  # timed again, not read
-    assert sorted(json.loads(packed_linear.measurements_file().read_text())) == sorted([one_round, list(record)[0]])
-    packed_linear.measurements_file().write_text(json.dumps(record))
-    timed.pop()
     assert packed_linear.padded_widths(weight) == {1: 4, 2: 4, 3: 4} and len(timed) == 1
     monkeypatch.setattr(packed_linear, "_MEASURED", {})
     packed_linear.measurements_file().write_text("not json")  # a damaged file: measured again, rewritten
@@ -234,6 +227,25 @@ def test_a_measurement_is_kept_for_the_next_process_on_this_machine(monkeypatch,
     blocked.write_text("")
     monkeypatch.setenv("SPECDEC_CACHE", str(blocked))  # a cache that cannot be written: kept in the process
     assert packed_linear.faster_at(weight) == everywhere and len(timed) == 8
+
+
+def test_a_shape_timed_in_a_single_round_is_timed_again(monkeypatch, tmp_path):
+    """Stops 20-34 timed a shape in one round and keyed it without a count of rounds: such an entry
+    is not read, the shape is timed again and recorded beside it."""
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(packed_linear, "_recorded", REAL_RECORDED)
+    monkeypatch.setattr(packed_linear, "_record", REAL_RECORD)
+    timed = []
+    times = {rows: (1.0, 0.5) for rows in packed_linear.TRIAL_ROWS}
+    monkeypatch.setattr(packed_linear, "time_shape", lambda weight: timed.append(tuple(weight.shape)) or times)
+    weight = linear().weight
+    key = packed_linear._machine_key(tuple(weight.shape))
+    one_round = key.rsplit("|", 1)[0]
+    assert key.endswith(f"|{packed_linear.TIMING_ROUNDS} rounds") and one_round.endswith("|2048x512")
+    packed_linear.measurements_file().parent.mkdir(parents=True)
+    packed_linear.measurements_file().write_text(json.dumps({one_round: {rows: [1.0, 2.0] for rows in times}}))
+    assert packed_linear.faster_at(weight) == frozenset({2, 3, 4, 8, 12, 16}) and len(timed) == 1  # timed, not read
+    assert sorted(json.loads(packed_linear.measurements_file().read_text())) == sorted([one_round, key])
 
 
 def test_a_burst_in_one_round_of_timing_does_not_decide_a_shape(monkeypatch):
