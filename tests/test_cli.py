@@ -581,3 +581,38 @@ def test_ceiling_counts_the_verify_cost():
     assert verify_cost(None, 1, 0.0, measured=measured) == pytest.approx(1.0)
     # on packed weights: the packed block over generate's own (unpacked) one-token step
     assert verify_cost(None, 1, 2.5, measured=measured, packed=True) == pytest.approx(1.25)
+
+
+@pytest.fixture
+def specdec_logger():
+    """The ``specdec`` logger as the command line leaves it (a handler and a level), restored after."""
+    import logging
+
+    logger = logging.getLogger("specdec")
+    handlers, level = list(logger.handlers), logger.level
+    yield logger
+    logger.handlers[:] = handlers
+    logger.setLevel(level)
+
+
+@needs_pair
+def test_a_first_run_on_a_machine_says_that_it_times_the_packed_weights(monkeypatch, specdec_logger):
+    """The first run on a new machine times the weight shapes for packing (seconds, once): the command
+    says so on stderr instead of seeming to hang, and says nothing once they are known."""
+    from specdec.core import packed_linear
+
+    config = str(REPO / "plugins.toml")
+    first = runner.invoke(app, ["generate", "def f():", "-c", config, "-n", "2", "--json"])
+    assert first.exit_code == 0, first.output
+    assert json.loads(first.stdout)["outputs"]  # stdout stays the JSON alone
+    assert "specdec: timing 5 weight shapes of LlamaForCausalLM on this CPU for packed weights" in first.stderr
+    assert str(packed_linear.measurements_file()) in first.stderr.replace("\n", "") and "timed in" in first.stderr
+    again = runner.invoke(app, ["generate", "def f():", "-c", config, "-n", "2"])  # the shapes known now
+    assert again.exit_code == 0 and "specdec: timing" not in again.stderr
+    monkeypatch.setattr(packed_linear, "_MEASURED", {})
+    monkeypatch.setenv("SPECDEC_VERBOSITY", "warning")
+    quiet = runner.invoke(app, ["generate", "def f():", "-c", config, "-n", "2"])
+    assert quiet.exit_code == 0 and "specdec: timing" not in quiet.stderr
+    monkeypatch.setenv("SPECDEC_VERBOSITY", "loud")
+    wrong = runner.invoke(app, ["generate", "def f():", "-c", config, "-n", "2"])
+    assert wrong.exit_code == 2 and "SPECDEC_VERBOSITY='loud' is not a level" in wrong.stderr

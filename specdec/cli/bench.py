@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from .common import CONFIG_HELP, fail, is_terminal, load_config, quiet_transformers, stderr_console
+from .common import CONFIG_HELP, fail, is_terminal, load_config, set_up_logging, stderr_console
 
 
 def _parse_list(value: str, what: str, cast=str) -> list:
@@ -72,7 +72,7 @@ def bench(
         raise fail(str(exc)) from None
     methods = [(d, p) for d in drafter_names for p in policy_names]
 
-    quiet_transformers()
+    set_up_logging()
     import attrs
     import torch
     from rich.console import Console

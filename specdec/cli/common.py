@@ -6,6 +6,7 @@ nothing heavier than typer and rich.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from pathlib import Path
@@ -66,10 +67,32 @@ def find_config(path: Optional[Path]) -> Path:
     raise fail("no plugins.toml here and none in the repository; pass --config FILE")
 
 
-def quiet_transformers() -> None:
+class _Notices(logging.Handler):
+    """specdec's own records on stderr, dimmed (``specdec: ...``): what a command is doing while it seems
+    idle, such as timing this CPU's packed weights on a first run (core/packed_linear.py)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from rich.markup import escape
+
+        stderr_console().print(f"[dim]specdec: {escape(record.getMessage())}[/]")
+
+
+VERBOSITIES = ("debug", "info", "warning", "error", "critical")
+
+
+def set_up_logging() -> None:
     """Transformers' deprecation warnings, info logs and weight-loading bars are noise on a command
-    whose output is text or a table (TRANSFORMERS_VERBOSITY still wins when set)."""
+    whose output is text or a table (TRANSFORMERS_VERBOSITY still wins when set); specdec's own notices
+    go to stderr from INFO on (SPECDEC_VERBOSITY=warning silences them)."""
     import warnings
+
+    verbosity = os.environ.get("SPECDEC_VERBOSITY", "info").lower()
+    if verbosity not in VERBOSITIES:
+        raise fail(f"SPECDEC_VERBOSITY={verbosity!r} is not a level; use one of {', '.join(VERBOSITIES)}")
+    specdec_logger = logging.getLogger("specdec")
+    if not any(isinstance(handler, _Notices) for handler in specdec_logger.handlers):
+        specdec_logger.addHandler(_Notices())
+    specdec_logger.setLevel(verbosity.upper())
 
     from transformers.utils import logging as transformers_logging
 

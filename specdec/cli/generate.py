@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 import typer
 
-from .common import CONFIG_HELP, colour, fail, is_terminal, load_config, quiet_transformers, stderr_console, write_stdout
+from .common import CONFIG_HELP, colour, fail, is_terminal, load_config, set_up_logging, stderr_console, write_stdout
 
 OPTION_HELP = "A {kind} option, typed as the plugin declares it (repeatable; `specdec plugins` lists them)"
 
@@ -184,7 +184,7 @@ def generate(
     except SpecdecError as exc:
         raise fail(str(exc)) from None
 
-    quiet_transformers()
+    set_up_logging()
     import torch
 
     from ..decoding import SpeculativeDecoder

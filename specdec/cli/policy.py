@@ -42,9 +42,9 @@ def train(
     from ..config import SpecdecConfig
     from ..decoding import SpeculativeDecoder
     from ..training.classifier import train_classifier
-    from .common import quiet_transformers
+    from .common import set_up_logging
 
-    quiet_transformers()
+    set_up_logging()
     try:
         spec = SpecdecConfig.from_toml(config)
         model, tokenizer = spec.load_target()

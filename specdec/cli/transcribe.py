@@ -29,7 +29,7 @@ from typing import Any, Optional
 import typer
 
 from ..audio import SAMPLE_RATE, WINDOW_SECONDS, Audio, AudioError, read_audio
-from .common import fail, quiet_transformers
+from .common import fail, set_up_logging
 
 __all__ = ["SAMPLE_RATE", "Audio", "AudioError", "read_audio", "transcribe_command"]
 
@@ -111,7 +111,7 @@ def transcribe_command(
 
     if task not in ("transcribe", "translate"):
         raise fail(f"--task must be 'transcribe' or 'translate', got {task!r}")
-    quiet_transformers()  # weight-loading bars and deprecation warnings would interleave with the transcript
+    set_up_logging()  # weight-loading bars and deprecation warnings would interleave with the transcript
     try:
         spec = SpecdecConfig.from_toml(config)
         if drafter is not None:

@@ -64,6 +64,7 @@ import contextlib
 import functools
 import itertools
 import json
+import logging
 import math
 import os
 import platform
@@ -97,6 +98,10 @@ TIMING_ROUNDS = 3
 # A shape is timed on copies of it filling this much memory, more than a CPU's caches hold (see time_shape).
 COLD_BYTES = 64 << 20
 TIMING_BUDGET = 1e-3  # seconds per shape, width, path and round: enough repeats for a small weight
+
+# The first time a machine meets a model's weight shapes it times them (a few seconds, once): said on
+# this logger at INFO, which the command line shows on stderr, so a first run does not seem to hang.
+_log = logging.getLogger(__name__)
 
 # weight shape -> {rows: (torch's seconds, packed seconds)} on this machine (time_shape)
 _MEASURED: dict[tuple[int, int], dict[int, tuple[float, float]]] = {}
@@ -216,6 +221,13 @@ def _switches(model: torch.nn.Module) -> list[_Switch]:
                       if type(module) is torch.nn.Linear and id(module) not in skipped and "forward" not in module.__dict__
                       and module.weight.dtype == torch.float32 and module.weight.device.type == "cpu"
                       and module.weight.numel() >= MIN_WEIGHT]
+        unknown = {tuple(module.weight.shape) for module in candidates} - _MEASURED.keys()
+        recorded = _recorded() if unknown else {}
+        unknown = {shape for shape in unknown if _machine_key(shape) not in recorded}
+        started = time.perf_counter()
+        if unknown:
+            _log.info("timing %d weight shape%s of %s on this CPU for packed weights (once per machine, kept in %s)",
+                      len(unknown), "" if len(unknown) == 1 else "s", type(model).__name__, measurements_file())
         linears = []
         for module in candidates:
             packed_at, widths = faster_at(module.weight), padded_widths(module.weight)
@@ -224,6 +236,8 @@ def _switches(model: torch.nn.Module) -> list[_Switch]:
                 linears.append(_Switch(module, packed_at,
                                        functools.partial(_packed_forward, module, packed_at, widths) if packed_at else None,
                                        functools.partial(_packed_forward, module, packed_at | ONE_ROW, widths) if one_row else None))
+        if unknown:
+            _log.info("timed in %.1f s", time.perf_counter() - started)
         need = sum(switch.module.weight.numel() * switch.module.weight.element_size() for switch in linears)
         free = free_memory()
         if free is not None and need > free // 2:
