@@ -605,7 +605,8 @@ def test_a_first_run_on_a_machine_says_that_it_times_the_packed_weights(monkeypa
     first = runner.invoke(app, ["generate", "def f():", "-c", config, "-n", "2", "--json"])
     assert first.exit_code == 0, first.output
     assert json.loads(first.stdout)["outputs"]  # stdout stays the JSON alone
-    assert "specdec: timing 5 weight shapes of LlamaForCausalLM on this CPU for packed weights" in first.stderr
+    assert ("specdec: timing 5 weight shapes of LlamaForCausalLM (python-pair/target) on this CPU for packed weights"
+            in first.stderr)
     assert str(packed_linear.measurements_file()) in first.stderr.replace("\n", "") and "timed in" in first.stderr
     again = runner.invoke(app, ["generate", "def f():", "-c", config, "-n", "2"])  # the shapes known now
     assert again.exit_code == 0 and "specdec: timing" not in again.stderr

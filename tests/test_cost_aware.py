@@ -543,7 +543,6 @@ class TestOptions:
             ({"alpha_decay": 1.5}, "alpha_decay"),
             ({"prior_alpha": 1.0}, "prior_alpha"),
             ({"prior_strength": -1}, "prior_strength"),
-            ({"clock": "fast"}, "clock"),
             ({"probe_backoff": 0}, "probe_backoff"),
             ({"max_k": "8"}, "max_k"),
             ({"objective": "fastest"}, "objective"),
@@ -556,6 +555,14 @@ class TestOptions:
     def test_invalid_options_name_the_field(self, options, field):
         with pytest.raises(ConfigError, match=field):
             get_registry().create("policy", "cost-aware", options)
+
+    def test_the_clock_is_a_python_argument_not_a_config_option(self):
+        """Tests hand the policy a fake clock; a config or the CLI cannot, and `specdec plugins` does not list it."""
+        assert "clock" not in [option.name for option in get_registry().get("policy", "cost-aware").options()]
+        with pytest.raises(ConfigError, match=r"unknown option\(s\) clock; its options are: alpha_decay, "):
+            get_registry().create("policy", "cost-aware", {"clock": "fast"})
+        with pytest.raises(ValueError, match="clock must be a callable"):
+            CostAwareLookahead(clock="fast")  # in Python it is an argument, checked
 
     def test_initial_k_defaults_inside_the_range(self):
         assert CostAwareLookahead(max_k=2).choose(1, torch.tensor([0.5]), torch.tensor([9])).k == 2

@@ -226,8 +226,11 @@ def _switches(model: torch.nn.Module) -> list[_Switch]:
         unknown = {shape for shape in unknown if _machine_key(shape) not in recorded}
         started = time.perf_counter()
         if unknown:
+            # A target and its draft are often the same class: the folder tells them apart.
+            folder = getattr(getattr(model, "config", None), "name_or_path", "") or ""
+            which = type(model).__name__ + (f" ({'/'.join(Path(folder).parts[-2:])})" if folder else "")
             _log.info("timing %d weight shape%s of %s on this CPU for packed weights (once per machine, kept in %s)",
-                      len(unknown), "" if len(unknown) == 1 else "s", type(model).__name__, measurements_file())
+                      len(unknown), "" if len(unknown) == 1 else "s", which, measurements_file())
         linears = []
         for module in candidates:
             packed_at, widths = faster_at(module.weight), padded_widths(module.weight)

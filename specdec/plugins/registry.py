@@ -9,7 +9,8 @@ checked against the fields: unknown names, missing required options, and values 
 type (against the field's declared annotation: ``int``, ``float``, ``str``, ``bool``,
 ``Path``, ``X | None`` ...) are ``ConfigError``s naming the plugin, the option, the expected type
 and the value, so nothing fails later inside torch. ``parse_option`` turns the ``key=value``
-text of the command line into a value of the declared type.
+text of the command line into a value of the declared type. A field with ``metadata={PYTHON_ONLY: True}``
+(a test's fake clock) is an argument in Python only: not listed, and unknown in a config.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import attrs
 
 from ..errors import ConfigError
 
+PYTHON_ONLY = "specdec_python_only"  # attrs metadata key: the field is no option of a config or the CLI
 KINDS = ("drafter", "policy", "verifier", "observer")
 PLURALS = {"drafter": "drafters", "policy": "policies", "verifier": "verifiers", "observer": "observers"}
 _MISSING = "(required)"
@@ -74,7 +76,7 @@ class Registration:
             return []
         options = []
         for field in attrs.fields(self.factory):
-            if not field.init or field.name.startswith("_"):
+            if not field.init or field.name.startswith("_") or field.metadata.get(PYTHON_ONLY):
                 continue
             if field.default is attrs.NOTHING:
                 default = _MISSING

@@ -128,6 +128,7 @@ import torch
 
 from ..core.components import LookaheadPolicy
 from ..core.hookspecs import hookimpl
+from ..plugins.registry import PYTHON_ONLY
 from .constant import integer
 
 
@@ -398,7 +399,8 @@ class CostAwareLookahead(LookaheadPolicy):
     resume_margin: float = attrs.field(default=0.05, validator=_non_negative_number)
     per_position: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     alternatives: str = attrs.field(default="auto", validator=_alternatives)
-    clock: Callable[[], float] = attrs.field(default=time.perf_counter, validator=_callable, repr=False)
+    clock: Callable[[], float] = attrs.field(default=time.perf_counter, validator=_callable, repr=False,
+                                             metadata={PYTHON_ONLY: True})
 
     decision: Decision | None = attrs.field(default=None, init=False, repr=False)
     requested: torch.Tensor | None = attrs.field(default=None, init=False, repr=False)  # [B] last asked per row
