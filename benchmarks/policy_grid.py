@@ -1,9 +1,11 @@
 """Cost-aware against every constant k, per cell (batch size x greedy/sampled x drafter).
 
 For each cell: the target alone, ``constant`` at each k of ``--ks`` and ``cost-aware``, timed in
-interleaved passes (pass r runs every method once, in turn, so load drift on a shared machine hits
-all of them alike; the order rotates by one method every pass, since stop 34); medians of
-``--repeats`` passes after ``--warmup``. The cost-aware decoder of a
+interleaved passes; medians of ``--repeats`` passes after ``--warmup``. Within a pass every method
+decodes a batch of prompts in turn before any decodes the next batch (since stop 36; stops 34-35 ran
+one method's whole pass, all its batches, before the next method's), and the order rotates by one
+method every batch, so load drift on a shared machine hits all of them alike even where the host's
+speed moves by 20-30% within minutes (the Xeon of stop 36). The cost-aware decoder of a
 (mode, drafter) is one instance across batch sizes, as it would be in a server: it keeps what it
 measured. Greedy outputs are checked against the target's. From the batch size at which specdec
 packs the target's weights on this CPU (``core/packed_linear.py``), ``generate`` on the same packed
@@ -84,24 +86,22 @@ def main():
                 encoded = [tokenizer(c, return_tensors="pt", padding=True) for c in chunks]
                 generator = torch.Generator().manual_seed(0)
 
-                def run_target():
-                    outs = [target.generate(**e, pad_token_id=pad, max_new_tokens=args.max_new_tokens, **sampling) for e in encoded]
-                    return outs, None
+                def run_target(e):
+                    return target.generate(**e, pad_token_id=pad, max_new_tokens=args.max_new_tokens, **sampling), None
 
                 def runner(decoder):
-                    def run():
-                        outs = [decoder.generate(**e, max_new_tokens=args.max_new_tokens, generator=generator, **sampling)
-                                for e in encoded]
-                        return [o.sequences for o in outs], outs
+                    def run(e):
+                        out = decoder.generate(**e, max_new_tokens=args.max_new_tokens, generator=generator, **sampling)
+                        return out.sequences, out
                     return run
 
                 methods = {"target alone": run_target}
                 if batch_size > 1 and applies_to(target) and packs_at(target, batch_size):
                     # specdec's batched plain steps read packed weights (core/packed_linear.py): generate
                     # on the same packed layers tells the kernel's share of a speedup from the speculation's.
-                    def run_target_packed():
+                    def run_target_packed(e):
                         with packed_everywhere(target):
-                            return run_target()
+                            return run_target(e)
 
                     methods["target alone, packed weights"] = run_target_packed
                 methods.update({name: runner(d) for name, d in decoders.items()})
@@ -111,20 +111,28 @@ def main():
                 exact = {}
                 load = open("/proc/loadavg").read().split()[0]
                 order = list(methods)
+                turn = 0
                 for r in range(args.warmup + args.repeats):
-                    # The order rotates every pass, so that no method always runs right after another
-                    # (or first, or last) and a drift within a pass does not favour one.
-                    shift = r % len(order)
-                    produced = {}
-                    for name in order[shift:] + order[:shift]:
-                        run = methods[name]
-                        start = time.perf_counter()
-                        sequences, outs = run()
-                        seconds = time.perf_counter() - start
-                        produced[name] = sequences
+                    # Batch by batch, every method in turn; the order rotates every batch, so that no
+                    # method always runs right after another (or first, or last).
+                    seconds = {name: 0.0 for name in methods}
+                    produced = {name: [] for name in methods}
+                    results_of = {name: [] for name in methods}
+                    for e in encoded:
+                        shift = turn % len(order)
+                        turn += 1
+                        for name in order[shift:] + order[:shift]:
+                            start = time.perf_counter()
+                            sequences, out = methods[name](e)
+                            seconds[name] += time.perf_counter() - start
+                            produced[name].append(sequences)
+                            results_of[name].append(out)
+                    for name in methods:
+                        sequences, outs = produced[name], results_of[name]
+                        outs = None if outs[0] is None else outs
                         new = sum(int((s[:, e["input_ids"].shape[1]:] != pad).sum()) for s, e in zip(sequences, encoded))
                         if r >= args.warmup:
-                            times[name].append(seconds)
+                            times[name].append(seconds[name])
                             tokens[name].append(new)
                             if outs is not None:
                                 drafted = sum(o.stats.drafted for o in outs)
