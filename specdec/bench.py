@@ -3,8 +3,11 @@
 For every batch size the contenders are: the target alone (batched ``generate``), Transformers'
 assisted generation (it refuses batches, so above batch 1 it runs row by row and says so) and
 specdec with each requested drafter x policy. They are **interleaved**: after a warm-up, every
-repeat runs each contender once, in an order rotated by one at each repeat, so a noisy neighbour
-or a CPU frequency change hits all of them alike instead of whichever ran during it. Speedups
+repeat runs each contender once over all the prompts, batch by batch: every contender decodes a
+batch in turn before any decodes the next, in an order rotated by one at each batch, so a noisy
+neighbour or a CPU frequency change hits all of them alike instead of whichever ran during it (on a
+host whose speed moved 20-30% within minutes, one contender's whole pass at a time let the same
+configuration read 1.03x and 0.94x; docs/benchmarks.md, stop 36). Speedups
 are paired: repeat r's speedup is the contender's rate over the target's rate in the same
 repeat; the median is reported with the minimum and maximum over repeats (the spread).
 
@@ -219,38 +222,56 @@ def _new_token_rows(sequences: torch.Tensor, prompt_width: int, eos: list[int]) 
 
 @attrs.define
 class _Contender:
-    """One thing to time: ``run()`` does all its work for the batch size and returns the new-token rows."""
+    """One thing to time: ``run(i)`` decodes the i-th batch of prompts and returns its new-token rows
+    and its outputs; a repeat is every batch once (``time_batch`` each, then ``end_repeat``)."""
 
     label: str
-    run: Callable[[], tuple[list[list[int]], list]]
+    run: Callable[[int], tuple[list[list[int]], list]]
     samples: list[tuple[float, int]] = attrs.field(factory=list)  # (seconds, new tokens) per repeat
-    rows: list[list[int]] = attrs.field(factory=list)
+    rows: list[list[int]] = attrs.field(factory=list)  # the last repeat's, all batches
     outputs: list = attrs.field(factory=list)
+    # the repeat in progress
+    _seconds: float = attrs.field(default=0.0, init=False)
+    _rows: list[list[int]] = attrs.field(factory=list, init=False)
+    _outputs: list = attrs.field(factory=list, init=False)
 
-    def time_once(self) -> None:
+    def time_batch(self, batch: int) -> None:
         start = time.perf_counter()
-        rows, outputs = self.run()
-        seconds = time.perf_counter() - start
-        self.samples.append((seconds, sum(len(r) for r in rows)))
-        self.rows, self.outputs = rows, outputs
+        rows, outputs = self.run(batch)
+        self._seconds += time.perf_counter() - start
+        self._rows += rows
+        self._outputs += outputs
+
+    def end_repeat(self) -> None:
+        self.samples.append((self._seconds, sum(len(r) for r in self._rows)))
+        self.rows, self.outputs = self._rows, self._outputs
+        self._seconds, self._rows, self._outputs = 0.0, [], []
 
     def rates(self) -> list[float]:
         return [new / seconds for seconds, new in self.samples]
 
 
-def interleave(contenders: list[_Contender], repeats: int, warmup: int, on_progress=lambda message: None) -> None:
-    """Warm every contender up, then time each once per repeat, rotating the order every repeat."""
+def interleave(contenders: list[_Contender], repeats: int, warmup: int, batches: int = 1,
+               on_progress=lambda message: None) -> None:
+    """Warm every contender up, then time each over ``batches`` batches per repeat: batch by batch,
+    every contender in turn, the order rotated by one at every batch."""
     for _ in range(warmup):
         for contender in contenders:
             on_progress(f"warm-up: {contender.label}")
-            contender.run()
+            for batch in range(batches):
+                contender.run(batch)
     for contender in contenders:
         contender.samples.clear()
+    turn = 0
     for repeat in range(repeats):
-        shift = repeat % len(contenders)
-        for contender in contenders[shift:] + contenders[:shift]:
-            on_progress(f"repeat {repeat + 1}/{repeats}: {contender.label}")
-            contender.time_once()
+        for batch in range(batches):
+            shift = turn % len(contenders)
+            turn += 1
+            for contender in contenders[shift:] + contenders[:shift]:
+                on_progress(f"repeat {repeat + 1}/{repeats}, batch {batch + 1}/{batches}: {contender.label}")
+                contender.time_batch(batch)
+        for contender in contenders:
+            contender.end_repeat()
 
 
 def _identical(rows: list[list[int]], reference: list[list[int]]) -> float:
@@ -297,9 +318,9 @@ def run_bench(
         encoded = [tokenizer(b, return_tensors="pt", padding=True) for b in batches]
         singles = [tokenizer([p], return_tensors="pt") for p in prompts]
 
-        def target_alone():
-            outs = [target.generate(**e, pad_token_id=pad, **generate_kwargs) for e in encoded]
-            return [r for o, e in zip(outs, encoded) for r in _new_token_rows(o, e["input_ids"].shape[1], eos)], outs
+        def target_alone(i):
+            out = target.generate(**encoded[i], pad_token_id=pad, **generate_kwargs)
+            return _new_token_rows(out, encoded[i]["input_ids"].shape[1], eos), [out]
 
         base = _Contender("target alone", target_alone)
         contenders = [base]
@@ -309,9 +330,9 @@ def run_bench(
             # specdec's steps of as many rows as this machine packs read packed weights, and a batch's
             # plain steps are such steps: generate on the same packed layers is the baseline that tells
             # the kernel from the speculation.
-            def target_packed():
+            def target_packed(i):
                 with packed_everywhere(target):
-                    return target_alone()
+                    return target_alone(i)
 
             packed_base = _Contender("target alone, packed weights", target_packed)
             contenders.append(packed_base)
@@ -329,27 +350,27 @@ def run_bench(
             else:
                 continue
 
-            def assisted_run(hf_kwargs=hf_kwargs, settings=settings):
+            def assisted_run(i, hf_kwargs=hf_kwargs, settings=settings):
                 for name, value in settings.items():  # the draft model's settings are per contender
                     setattr(draft_model.generation_config, name, value)
-                outs = [target.generate(**r, pad_token_id=pad, **generate_kwargs, **hf_kwargs) for r in singles]
-                return [_new_token_rows(o, r["input_ids"].shape[1], eos)[0] for o, r in zip(outs, singles)], outs
+                rows = singles[i * batch_size : (i + 1) * batch_size]  # the i-th batch's prompts, one by one
+                outs = [target.generate(**r, pad_token_id=pad, **generate_kwargs, **hf_kwargs) for r in rows]
+                return [_new_token_rows(o, r["input_ids"].shape[1], eos)[0] for o, r in zip(outs, rows)], outs
 
             assisted_of[(drafter, policy)] = _Contender(f"transformers assisted ({drafter}, {policy})", assisted_run)
         contenders += assisted_of.values()
         specdec_of: dict[tuple[str, str], _Contender] = {}
         for (drafter, policy), decoder in decoders.items():
 
-            def specdec_run(decoder=decoder):
-                outs = [decoder.generate(**e, **generate_kwargs) for e in encoded]
-                rows = [r for o, e in zip(outs, encoded) for r in _new_token_rows(o.sequences, e["input_ids"].shape[1], eos)]
-                return rows, outs
+            def specdec_run(i, decoder=decoder):
+                out = decoder.generate(**encoded[i], **generate_kwargs)
+                return _new_token_rows(out.sequences, encoded[i]["input_ids"].shape[1], eos), [out]
 
             specdec_of[(drafter, policy)] = _Contender(f"specdec ({drafter}, {policy})", specdec_run)
         contenders += specdec_of.values()
 
         on_progress(f"batch {batch_size}")
-        interleave(contenders, repeats, warmup, lambda message: on_progress(f"batch {batch_size}: {message}"))
+        interleave(contenders, repeats, warmup, len(encoded), lambda message: on_progress(f"batch {batch_size}: {message}"))
 
         base_rates = base.rates()
 

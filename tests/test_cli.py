@@ -490,10 +490,30 @@ class TestBenchMeasures:
         from specdec.bench import _Contender, interleave
 
         order = []
-        contenders = [_Contender(name, lambda name=name: (order.append(name), ([[1]], []))[1]) for name in "abc"]
+        contenders = [_Contender(name, lambda batch, name=name: (order.append(name), ([[1]], []))[1]) for name in "abc"]
         interleave(contenders, repeats=3, warmup=1)
         assert order == list("abc") + list("abc") + list("bca") + list("cab")
         assert all(len(c.samples) == 3 for c in contenders)
+
+    def test_contenders_take_turns_batch_by_batch(self):
+        """A repeat is every batch of prompts once per contender, and every contender decodes a batch
+        before any decodes the next: a slow spell of the host lands on all of them alike."""
+        from specdec.bench import _Contender, interleave
+
+        order = []
+
+        def run(batch, name):
+            order.append(f"{name}{batch}")
+            return [[7] * (batch + 1)], [f"out {name}{batch}"]  # batch i writes i + 1 tokens
+
+        contenders = [_Contender(name, lambda batch, name=name: run(batch, name)) for name in "ab"]
+        interleave(contenders, repeats=2, warmup=1, batches=3)
+        assert order == ["a0", "a1", "a2", "b0", "b1", "b2",  # warm-up: each contender's batches
+                         "a0", "b0", "b1", "a1", "a2", "b2",  # repeat 1: batch by batch, rotating
+                         "b0", "a0", "a1", "b1", "b2", "a2"]  # repeat 2
+        for contender in contenders:
+            assert [tokens for _, tokens in contender.samples] == [6, 6]  # all three batches in each repeat
+            assert contender.outputs == [f"out {contender.label}{batch}" for batch in range(3)]
 
     def test_no_file_unless_asked_and_the_spread_in_json(self, pair, tmp_path, monkeypatch):
         monkeypatch.chdir(tmp_path)
