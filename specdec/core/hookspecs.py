@@ -84,3 +84,8 @@ def specdec_select_rows(state, keep, keep_host):
 @hookspec
 def specdec_on_finish(state, output):
     """The request is done; ``output`` is the ``DecodeOutput`` about to be returned."""
+
+
+# attrs metadata key of a component's field that is an argument in Python only, no option of a
+# config or the CLI (a test's fake clock): the registry neither lists nor accepts it.
+PYTHON_ONLY = "specdec_python_only"

@@ -25,9 +25,9 @@ from typing import Any
 
 import attrs
 
+from ..core.hookspecs import PYTHON_ONLY
 from ..errors import ConfigError
 
-PYTHON_ONLY = "specdec_python_only"  # attrs metadata key: the field is no option of a config or the CLI
 KINDS = ("drafter", "policy", "verifier", "observer")
 PLURALS = {"drafter": "drafters", "policy": "policies", "verifier": "verifiers", "observer": "observers"}
 _MISSING = "(required)"

@@ -127,8 +127,7 @@ import numpy as np
 import torch
 
 from ..core.components import LookaheadPolicy
-from ..core.hookspecs import hookimpl
-from ..plugins.registry import PYTHON_ONLY
+from ..core.hookspecs import PYTHON_ONLY, hookimpl
 from .constant import integer
 
 
