@@ -144,6 +144,7 @@ class TestBench:
         assert (1, "transformers assisted (model, constant)") in methods
         specdec_rows = [r for r in payload["results"] if r["method"].startswith("specdec")]
         assert specdec_rows and all(r["exact"] for r in specdec_rows)
+        assert all(r["rows"] == 2 for r in specdec_rows)  # at batch 1 both batches of a repeat, not the first alone
         assert all(r["ideal_speedup"] is not None for r in specdec_rows)
         assisted_b2 = [r for r in payload["results"] if r["batch_size"] == 2 and r["method"].startswith("transformers")]
         assert assisted_b2 and all("row by row" in r["note"] for r in assisted_b2)
