@@ -638,3 +638,52 @@ def test_a_first_run_on_a_machine_says_that_it_times_the_packed_weights(monkeypa
     monkeypatch.setenv("SPECDEC_VERBOSITY", "loud")
     wrong = runner.invoke(app, ["generate", "def f():", "-c", config, "-n", "2"])
     assert wrong.exit_code == 2 and "SPECDEC_VERBOSITY='loud' is not a level" in wrong.stderr
+
+
+def test_a_notice_prints_above_a_live_progress_bar_on_a_terminal():
+    """A first run's packing notice comes while the ``progress`` observer's bar is drawn (the draft
+    model's first step): on a terminal it must print on a line of its own above the bar, not run
+    into the bar's line and leave a stale copy of the bar behind. A real pseudo-terminal, a real bar."""
+    import pty
+    import select
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import logging, time
+        from types import SimpleNamespace
+        from specdec.cli.common import set_up_logging
+        from specdec.observers.progress import ProgressObserver
+        set_up_logging()
+        bar = ProgressObserver(description="decoding", transient=False)
+        bar.begin(SimpleNamespace(batch_size=1, max_new_tokens=10), None)
+        time.sleep(0.4)  # rich has drawn the bar
+        logging.getLogger("specdec.core.packed_linear").info("timing 5 weight shapes")
+        time.sleep(0.4)
+        bar.on_finish(None, None)
+    """)
+    leader, follower = pty.openpty()
+    env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": "100", "SPECDEC_VERBOSITY": "info"}
+    env.pop("NO_COLOR", None)
+    process = subprocess.Popen([sys.executable, "-c", script], stdin=follower, stdout=follower, stderr=follower, env=env)
+    os.close(follower)
+    seen = b""
+    while True:
+        ready, _, _ = select.select([leader], [], [], 60)
+        if not ready:
+            break
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # the process closed the terminal
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(leader)
+    assert process.wait(timeout=60) == 0, seen.decode(errors="replace")
+    text = seen.decode(errors="replace")
+    assert "specdec: timing 5 weight shapes" in text, text
+    before = text[: text.index("specdec: timing")]
+    line = before[max(before.rfind("\r"), before.rfind("\n")) + 1 :]  # what the notice's line already held
+    assert "decoding" not in line and "0:00" not in line, repr(line)

@@ -14,17 +14,13 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
+from ..core.console import stderr_console
+
 if TYPE_CHECKING:
     from ..config import SpecdecConfig
 
 CONFIG_HELP = "plugins.toml to use (default: ./plugins.toml, else the repository's)"
 USER_ERROR = 2  # every mistake the user can fix (bad option, file, config) exits with 2, as click's own do
-
-
-def stderr_console():
-    from rich.console import Console
-
-    return Console(stderr=True, soft_wrap=True, highlight=False)
 
 
 def fail(message: str, code: int = USER_ERROR) -> typer.Exit:

@@ -14,6 +14,7 @@ from typing import Optional
 import typer
 
 from ..errors import InputError, SpecdecError
+from .common import stderr_console
 
 drafter_app = typer.Typer(help="Train drafters for a target model.", no_args_is_help=True)
 
@@ -61,7 +62,6 @@ def train(
 ):
     """Run the target over the corpus, fit a one-layer head to its hidden states, save it to --out."""
     import torch
-    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -70,7 +70,7 @@ def train(
 
     if threads:
         torch.set_num_threads(threads)
-    console = Console(stderr=True)
+    console = stderr_console()
     try:
         texts = read_corpus(corpus)
         if max_texts:
@@ -218,7 +218,6 @@ def _on_whisper(target: str, threads: int, fit, steps: str):
     """Load the Whisper ``target`` (a folder or a fetched name) and its processor, then run
     ``fit(model, processor, on_progress)`` under progress bars; errors end the command with code 2."""
     import torch
-    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from ..config import resolve_model
@@ -226,7 +225,7 @@ def _on_whisper(target: str, threads: int, fit, steps: str):
 
     if threads:
         torch.set_num_threads(threads)
-    console = Console(stderr=True)
+    console = stderr_console()
     try:
         from transformers import AutoProcessor, WhisperForConditionalGeneration
 

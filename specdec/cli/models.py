@@ -16,10 +16,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..errors import SpecdecError
+from .common import stderr_console
 
 models_app = typer.Typer(help="Fetch and convert known models into the local cache.", no_args_is_help=True)
 console = Console()
-errors = Console(stderr=True)
+errors = stderr_console()
 
 CACHE_HELP = "Cache folder (default: $SPECDEC_CACHE/models, else ~/.cache/specdec/models)."
 

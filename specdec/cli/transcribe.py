@@ -29,7 +29,7 @@ from typing import Any, Optional
 import typer
 
 from ..audio import SAMPLE_RATE, WINDOW_SECONDS, Audio, AudioError, read_audio
-from .common import fail, set_up_logging
+from .common import fail, set_up_logging, stderr_console
 
 __all__ = ["SAMPLE_RATE", "Audio", "AudioError", "read_audio", "transcribe_command"]
 
@@ -149,11 +149,10 @@ def transcribe_command(
     started = time.perf_counter()
     progress = files_task = None
     if progress_bar and (len(audios) > 1 or any(audio.seconds > WINDOW_SECONDS for audio in audios)):
-        from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
         progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                            console=Console(stderr=True), transient=True)
+                            console=stderr_console(), transient=True)
         files_task = progress.add_task("files", total=len(audios))  # and one bar per batch of long audio
         progress.start()
     try:

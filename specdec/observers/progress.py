@@ -9,6 +9,7 @@ from typing import Any
 
 import attrs
 
+from ..core.console import stderr_console
 from ..core.hookspecs import hookimpl
 from ..core.components import Observer
 
@@ -25,12 +26,11 @@ class ProgressObserver(Observer):
     _task = attrs.field(default=None, init=False, repr=False)
 
     def begin(self, state, target) -> None:
-        from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         self._progress = Progress(
             TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            transient=self.transient, console=Console(stderr=True),
+            transient=self.transient, console=stderr_console(),  # notices print above it
         )
         self._progress.start()
         self._task = self._progress.add_task(self.description, total=state.batch_size * state.max_new_tokens)
