@@ -1,7 +1,7 @@
 """What ``cost-aware`` chooses in a batch, pass after pass, against a constant k (default 0) on the bundled pair.
 
     OMP_NUM_THREADS=1 python benchmarks/batch_trace.py [--drafter ngram|model] [--batch-size 16] \
-        [--passes 5] [--against 0] [--json trace.json]
+        [--passes 5] [--against 0] [--sampled] [--json trace.json]
 
 The policy first decodes the batch-1 and batch-4 passes that ``policy_grid.py`` runs before its
 batch-16 cell (one each: it keeps what it measured across requests, as in a server), then
@@ -10,7 +10,8 @@ k = ``--against`` on the same prompts (interleaved, so that load drift hits both
 times, their ratio, the tokens the policy drafted and how often it chose each k; then the k it chose at every iteration of the batch (``p``
 marks a probe), and every iteration it timed that drafted (its seconds, whether it followed a
 drafted iteration, whether it was the request's first to draft). ``--json`` keeps every decision
-(costs and goodput for k <= 3, the slowest and the mean row acceptance) and timing. Greedy.
+(costs and goodput for k <= 3, the slowest and the mean row acceptance) and timing. Greedy, or with
+``--sampled`` as ``policy_grid.py`` samples (temperature 0.7, top-p 0.9, rejection sampling).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from specdec import SpeculativeDecoder  # noqa: E402
 from specdec.drafters import ModelDrafter, NGramDrafter  # noqa: E402
 from specdec.policies import ConstantLookahead, CostAwareLookahead  # noqa: E402
 from specdec.policies.cost_aware import bucket_of  # noqa: E402
-from specdec.verifiers import GreedyVerifier  # noqa: E402
+from specdec.verifiers import GreedyVerifier, RejectionVerifier  # noqa: E402
 
 from bundled_pair import load_bundled_pair  # noqa: E402
 
@@ -69,20 +70,25 @@ def main():
     parser.add_argument("--passes", type=int, default=5)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--against", type=int, default=0, help="the constant k each pass is paired with")
+    parser.add_argument("--sampled", action="store_true", help="temperature 0.7, top-p 0.9 (policy_grid.py's)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
+    sampling = dict(do_sample=True, temperature=0.7, top_p=0.9) if args.sampled else dict(do_sample=False)
     torch.set_num_threads(1)
     target, tokenizer, draft, prompts = load_bundled_pair()
 
     def make(policy):
         drafter = ModelDrafter(draft) if args.drafter == "model" else NGramDrafter(max_ngram=3)
-        return SpeculativeDecoder(target=target, drafter=drafter, policy=policy, verifier=GreedyVerifier())
+        return SpeculativeDecoder(target=target, drafter=drafter, policy=policy,
+                                  verifier=RejectionVerifier() if args.sampled else GreedyVerifier())
 
     def run(decoder, batch_size, count):
         chunks = [prompts[i : i + batch_size] for i in range(0, count, batch_size)]
         encoded = [tokenizer(c, return_tensors="pt", padding=True) for c in chunks]
         start = time.perf_counter()
-        outs = [decoder.generate(**e, max_new_tokens=args.max_new_tokens, do_sample=False) for e in encoded]
+        generator = torch.Generator().manual_seed(0)
+        outs = [decoder.generate(**e, max_new_tokens=args.max_new_tokens, generator=generator, **sampling)
+                for e in encoded]
         return time.perf_counter() - start, sum(o.stats.drafted for o in outs)
 
     policy = Traced()
