@@ -12,7 +12,10 @@ packs the target's weights on this CPU (``core/packed_linear.py``), ``generate``
 layers runs too ("target alone, packed weights"): a batch's plain steps are packed steps, so that
 row tells the kernel's share of a speedup from the speculation's.
 
-    OMP_NUM_THREADS=1 python benchmarks/policy_grid.py --out grid.json
+    OMP_NUM_THREADS=1 python benchmarks/policy_grid.py --out grid.json [--variants prior_strength=12 ...]
+
+``--variants`` adds ``cost-aware`` contenders with other options (each its own instance, kept
+across batch sizes like the default one), named after their options.
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ def main():
     parser.add_argument("--confidence", action="store_true",
                         help="also time draft-/target-confidence and the classifier, fixed thresholds and 'auto'")
     parser.add_argument("--no-constant", action="store_true", help="skip the constant-k sweep")
+    parser.add_argument("--variants", nargs="*", default=[],
+                        help="more cost-aware contenders, each with options name=value[,name=value] set")
     parser.add_argument("--out", default="policy-grid.json")
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -70,6 +75,11 @@ def main():
 
             decoders = {} if args.no_constant else {f"constant k={k}": make(ConstantLookahead(k=k)) for k in ks}
             decoders["cost-aware"] = make(CostAwareLookahead())
+            for variant in args.variants:
+                options = dict(item.split("=") for item in variant.split(","))
+                options = {name: json.loads(value) if value[:1] in "-.0123456789tf" else value
+                           for name, value in options.items()}
+                decoders[f"cost-aware {variant}"] = make(CostAwareLookahead(**options))
             if args.confidence and drafter_name == "model":
                 from specdec.policies import ClassifierLookahead, DraftConfidenceLookahead, TargetConfidenceLookahead
 

@@ -396,7 +396,7 @@ class TestAcceptance:
         policy = CostAwareLookahead(clock=lambda: 0.0, probe_rate=0.0)
         state = fake_state(1)
         policy.begin(state, None)
-        policy._failure[0] = 5.0  # a bad patch
+        policy._failure[0] = 20.0  # a bad patch, outweighing the prior
         low = float(policy.row_alpha(torch.tensor([0]))[0])
         fed(policy, 1, {0: 1.0, 1: 100.0, 4: 400.0})  # drafting is far too dear: k = 0 steps
         for _ in range(40):
