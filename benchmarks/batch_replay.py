@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bundled_pair import load_bundled_pair  # noqa: E402
-from lookahead_replay import accepted_runs  # noqa: E402
+from lookahead_replay import greedy_records  # noqa: E402
 from specdec.policies import CostAwareLookahead  # noqa: E402
 
 
@@ -180,17 +180,8 @@ def main():
     torch.manual_seed(0)
     cost = CostTable({int(b): v for b, v in json.loads(args.costs.read_text()).items()}, args.max_k)
     target, tokenizer, draft, prompts = load_bundled_pair()
-    records = []
-    for prompt in prompts[: args.prompts]:
-        e = tokenizer([prompt], return_tensors="pt")
-        with torch.no_grad():
-            out = target.generate(**e, max_new_tokens=args.max_new_tokens, do_sample=False)[0].tolist()
-        eos, end = target.generation_config.eos_token_id, len(out)
-        for j in range(e["input_ids"].shape[1], len(out)):
-            if out[j] == eos:
-                end = j + 1
-                break
-        records.append(accepted_runs(draft, out[:end], e["input_ids"].shape[1], args.drafter, args.max_k))
+    records = greedy_records(target, tokenizer, draft, prompts[: args.prompts], args.drafter, args.max_k,
+                             args.max_new_tokens)
     results = {}
     for k in range(args.max_k + 1):
         t, c, n = replay_batched(records, args.batch_size, cost, Constant(k))

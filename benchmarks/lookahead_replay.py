@@ -77,6 +77,23 @@ def accepted_runs(draft, tokens: list[int], prompt_len: int, drafter: str, max_k
     return out
 
 
+def greedy_records(target, tokenizer, draft, prompts, drafter: str, max_k: int, max_new_tokens: int) -> list[list[tuple]]:
+    """Per prompt, ``accepted_runs`` over the target's greedy output (up to its first end-of-text)."""
+    records = []
+    for prompt in prompts:
+        e = tokenizer([prompt], return_tensors="pt")
+        with torch.no_grad():
+            out = target.generate(**e, max_new_tokens=max_new_tokens, do_sample=False)[0].tolist()
+        eos = target.generation_config.eos_token_id
+        end = len(out)
+        for j in range(e["input_ids"].shape[1], len(out)):
+            if out[j] == eos:
+                end = j + 1
+                break
+        records.append(accepted_runs(draft, out[:end], e["input_ids"].shape[1], drafter, max_k))
+    return records
+
+
 def replay(records, costs: list[float], policy) -> tuple[float, float, int]:
     """Tokens and cost of decoding every record with ``policy`` (``begin()`` per request, then per
     iteration ``lookahead(budget) -> k``, ``width(confidence, drafted)`` where it stops drafts itself,
@@ -243,18 +260,7 @@ def main():
     else:
         costs = measure_costs(target, draft, tokenizer, prompts[:4], args.drafter, args.max_k, 48)
     print("costs (plain steps):", " ".join(f"k={k}:{c:.3f}" for k, c in enumerate(costs)), flush=True)
-    records = []
-    for prompt in prompts:
-        e = tokenizer([prompt], return_tensors="pt")
-        with torch.no_grad():
-            out = target.generate(**e, max_new_tokens=args.max_new_tokens, do_sample=False)[0].tolist()
-        eos = target.generation_config.eos_token_id
-        end = len(out)
-        for j in range(e["input_ids"].shape[1], len(out)):
-            if out[j] == eos:
-                end = j + 1
-                break
-        records.append(accepted_runs(draft, out[:end], e["input_ids"].shape[1], args.drafter, args.max_k))
+    records = greedy_records(target, tokenizer, draft, prompts, args.drafter, args.max_k, args.max_new_tokens)
     results = {}
     for k in range(0, args.max_k + 1):
         t, c, n = replay(records, costs, Constant(k))
