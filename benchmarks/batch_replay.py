@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from bundled_pair import load_bundled_pair  # noqa: E402
 from lookahead_replay import greedy_records  # noqa: E402
 from specdec.policies import CostAwareLookahead  # noqa: E402
+from specdec.config import parse_options  # noqa: E402
 
 
 class CostTable:
@@ -187,13 +188,7 @@ def main():
         t, c, n = replay_batched(records, args.batch_size, cost, Constant(k))
         results[f"constant k={k}"] = dict(rate=t / c, tokens_per_call=t / n)
     for variant in ["", *args.variants]:
-        options = {}
-        for item in filter(None, variant.split(",")):
-            name, value = item.split("=")
-            try:
-                options[name] = json.loads(value)  # numbers, true/false
-            except ValueError:
-                options[name] = value  # objective=throughput
+        options = parse_options("policy", "cost-aware", [item for item in variant.split(",") if item], "--variants")
         rates = []
         for seed in range(args.seeds):
             # warm like policy_grid.py: the smaller batch sizes first, the policy kept across requests

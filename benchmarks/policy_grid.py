@@ -32,6 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's specdec, not an installed copy
 
 from specdec import SpeculativeDecoder  # noqa: E402
+from specdec.config import parse_options  # noqa: E402
 from specdec.core.packed_linear import applies_to, packed_everywhere, packs_at  # noqa: E402
 from specdec.drafters import ModelDrafter, NGramDrafter  # noqa: E402
 from specdec.policies import ConstantLookahead, CostAwareLookahead  # noqa: E402
@@ -76,9 +77,7 @@ def main():
             decoders = {} if args.no_constant else {f"constant k={k}": make(ConstantLookahead(k=k)) for k in ks}
             decoders["cost-aware"] = make(CostAwareLookahead())
             for variant in args.variants:
-                options = dict(item.split("=") for item in variant.split(","))
-                options = {name: json.loads(value) if value[:1] in "-.0123456789tf" else value
-                           for name, value in options.items()}
+                options = parse_options("policy", "cost-aware", variant.split(","), "--variants")
                 decoders[f"cost-aware {variant}"] = make(CostAwareLookahead(**options))
             if args.confidence and drafter_name == "model":
                 from specdec.policies import ClassifierLookahead, DraftConfidenceLookahead, TargetConfidenceLookahead

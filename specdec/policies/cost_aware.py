@@ -29,9 +29,10 @@ forward passes and no host syncs of its own:
   prior weighs ``prior_strength`` = 12 pseudo-counts, about as much as a row's own decayed counts:
   a batch's choice hangs on its slowest row (``makespan``), and the lowest of 16 noisy estimates
   is far below that row's true acceptance. With 4, replayed on the bundled pair with a clock as
-  noisy as a shared host (``benchmarks/batch_replay.py``), batch 16 fell into plain steps in one
-  seed of six (0.90 of the best constant k; 0.97 on average, against 0.99 with 12) and batch 4 ran
-  0.97 of it (0.98); batch 1 and prompt lookup moved by under 1% (``docs/benchmarks.md``, stop 37).
+  noisy as a shared host (``benchmarks/batch_replay.py``, model drafter), batch 16 fell into plain
+  steps in one seed of six (0.90 of the best constant k; 0.97 on average, against 0.99 with 12)
+  and batch 4 ran 0.97 of it (0.98); batch 1 moved by under 1%. In the sampled grid at batch 16
+  it ran 0.94x of the target, 1.07x with 12 (``docs/benchmarks.md``, stop 37).
 * **Acceptance by position** (``per_position``, off by default). Accepted drafts come in runs: a
   draft whose first token survived is likelier to survive the next (measured on the bundled pair,
   ``benchmarks/conditional_acceptance.py``: prompt lookup's conditional acceptance 0.52 at the
