@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
+from specdec.core.cache import GrowingLayer
 from specdec.core.models import CausalLMRunner
 
 from .conftest import PAD, tiny_model
@@ -154,6 +156,71 @@ def test_a_decoder_only_batch_lets_a_row_go_at_once():
     runner.forward(slots, torch.tensor([[5, 6], [7, 8], [9, 10]]), torch.ones(3, 2, dtype=torch.bool), logits_to_keep=1)
     assert slots.select_rows(torch.tensor([0, 2]), widest=2).tolist() == [0, 2]
     assert slots.physical_batch == 2 and slots.cache.layers[0].keys.shape[0] == 2
+
+
+class TestGrowingLayer:
+    """A dynamic cache's attention layers append in place (``GrowingLayer``), not by concatenation."""
+
+    @staticmethod
+    def block(n, batch=2, seed=0):
+        generator = torch.Generator().manual_seed(seed)
+        return torch.randn(batch, 3, n, 4, generator=generator), torch.randn(batch, 3, n, 4, generator=generator)
+
+    def test_it_holds_what_concatenation_holds_and_reallocates_rarely(self):
+        layer, reference = GrowingLayer(), DynamicLayer()
+        reallocations, whole = 0, None
+        for step in range(200):
+            keys, values = self.block(5 if step == 0 else 1 + step % 3, seed=step)
+            got = layer.update(keys, values)
+            expected = reference.update(keys, values)
+            assert all(torch.equal(a, b) for a, b in zip(got, expected))
+            reallocations += layer._whole_keys is not whole
+            whole = layer._whole_keys
+        assert layer.get_seq_length() == reference.get_seq_length() == 403
+        assert reallocations <= 12  # each grows it by half: logarithmically many, where cat makes 200
+        assert layer.keys.data_ptr() == layer._whole_keys.data_ptr()
+
+    def test_a_cut_is_written_over_and_a_replaced_tensor_is_taken_in(self):
+        layer = GrowingLayer()
+        first = self.block(6, seed=1)
+        layer.update(*first)
+        whole = layer._whole_keys
+        layer.keys, layer.values = layer.keys[:, :, :-2], layer.values[:, :, :-2]  # SlotCache._cut
+        second = self.block(1, seed=2)
+        keys, _ = layer.update(*second)
+        assert layer._whole_keys is whole and keys.shape[2] == 5
+        torch.testing.assert_close(keys, torch.cat([first[0][:, :, :4], second[0]], dim=2), rtol=0, atol=0)
+        # compaction's gather hands the layer a tensor of its own: the next update copies it in
+        order = torch.tensor([[4, 0, 1], [2, 3, 4]])
+        gathered = layer.keys.gather(2, order[:, None, :, None].expand(-1, 3, -1, 4))
+        layer.keys = gathered
+        layer.values = layer.values.gather(2, order[:, None, :, None].expand(-1, 3, -1, 4))
+        third = self.block(1, seed=3)
+        keys, _ = layer.update(*third)
+        assert layer._whole_keys is not whole
+        torch.testing.assert_close(keys, torch.cat([gathered, third[0]], dim=2), rtol=0, atol=0)
+
+    def test_rows_leave_with_one_copy_and_the_rest_append_as_before(self):
+        layer, reference = GrowingLayer(), DynamicLayer()
+        for step in range(3):
+            block = self.block(3, batch=4, seed=step)
+            layer.update(*block)
+            reference.update(*block)
+        index = torch.tensor([0, 2, 3])
+        layer.batch_select_indices(index)
+        reference.batch_select_indices(index)
+        assert layer.keys.data_ptr() == layer._whole_keys.data_ptr() and layer._whole_keys.shape[0] == 3
+        block = self.block(2, batch=3, seed=9)
+        got, expected = layer.update(*block), reference.update(*block)
+        assert all(torch.equal(a, b) for a, b in zip(got, expected))
+
+    def test_a_dynamic_slot_cache_grows_in_place_and_generate_keeps_its_own(self):
+        model = tiny_model("llama")
+        runner = CausalLMRunner(model)
+        slots = runner.new_cache(2)
+        runner.forward(slots, torch.tensor([[5, 6], [7, 8]]), torch.ones(2, 2, dtype=torch.bool), logits_to_keep=1)
+        assert slots.cache.layers and all(type(layer) is GrowingLayer for layer in slots.cache.layers)
+        assert type(DynamicCache(config=model.config).layers[0]) is DynamicLayer  # transformers' class untouched
 
 
 def test_rows_leave_a_whisper_batch_lazily_and_exactly():

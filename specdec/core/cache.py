@@ -76,6 +76,74 @@ def static_cache(layers: int, capacity: int, device: torch.device) -> Cache:
     return cache
 
 
+class GrowingLayer(DynamicLayer):
+    """A ``DynamicLayer`` that appends in place: its keys and values are views of the first columns
+    of a larger tensor, which is reallocated half as large again when it fills (amortised, each
+    token is copied about three times in all). transformers' ``DynamicLayer`` concatenates the whole
+    cache with every step's new tokens, a copy of every cached key and value per step: on the
+    project's Xeon that was 6 of a batch-16 plain step's 45 ms on the bundled pair
+    (``docs/benchmarks.md``, stop 38). Whoever cuts the views (``SlotCache._cut``, ``crop``) keeps
+    the tensor; whoever replaces them (compaction's gather, another batch's rows) hands the next
+    ``update`` a tensor of its own, which it copies into a new one. Used by every dynamic
+    ``SlotCache`` for its plain attention layers; ``generate`` keeps transformers' own."""
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        super().lazy_initialization(key_states, value_states)
+        self._whole_keys = self._whole_values = None
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self._whole_keys, self.keys = _append_in_place(self._whole_keys, self.keys, key_states)
+        self._whole_values, self.values = _append_in_place(self._whole_values, self.values, value_states)
+        return self.keys, self.values
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """The kept rows of the whole tensors (one copy, where selecting the views would be followed by
+        a second into new whole tensors at the next ``update``)."""
+        if self.get_seq_length() == 0 or not (_views_of(self._whole_keys, self.keys)
+                                              and _views_of(self._whole_values, self.values)):
+            super().batch_select_indices(indices)
+            return
+        length = self.keys.shape[2]
+        self._whole_keys, self._whole_values = self._whole_keys[indices], self._whole_values[indices]
+        self.keys, self.values = self._whole_keys[:, :, :length], self._whole_values[:, :, :length]
+
+
+def _views_of(whole: torch.Tensor | None, held: torch.Tensor) -> bool:
+    """Whether ``held`` is the first columns of ``whole`` (what ``GrowingLayer`` hands out, or a cut of it)."""
+    return (whole is not None and held.dim() == 4 and held.data_ptr() == whole.data_ptr()
+            and held.stride() == whole.stride() and held.shape[:2] == whole.shape[:2]
+            and held.shape[3] == whole.shape[3] and held.dtype == whole.dtype)
+
+
+def _append_in_place(whole: torch.Tensor | None, held: torch.Tensor, new: torch.Tensor):
+    """``new`` [B, H, n, D] written after ``held``'s columns: returns the whole tensor and the view of it
+    that holds both."""
+    length = held.shape[2] if held.dim() == 4 else 0  # a fresh layer holds a 1-D empty tensor
+    end = length + new.shape[2]
+    if not _views_of(whole, held) or end > whole.shape[2]:
+        grown = new.new_empty(*new.shape[:2], end + max(end // 2, 16), new.shape[3])
+        if length:
+            grown[:, :, :length].copy_(held)
+        whole = grown
+    whole[:, :, length:end].copy_(new)
+    return whole, whole[:, :, :end]
+
+
+def grow_in_place(cache: Cache) -> Cache:
+    """``cache`` with its plain attention layers (made now or, in a lazily built cache, later) growing
+    in place (``GrowingLayer``); layers of other kinds, and the cross-attention of an encoder-decoder
+    cache, as they are."""
+    for part in (cache.self_attention_cache,) if isinstance(cache, EncoderDecoderCache) else (cache,):
+        if getattr(part, "layer_class_to_replicate", None) is DynamicLayer:
+            part.layer_class_to_replicate = GrowingLayer
+        for i, layer in enumerate(getattr(part, "layers", [])):
+            if type(layer) is DynamicLayer and not layer.is_initialized:
+                part.layers[i] = GrowingLayer()
+    return cache
+
+
 def _self_attention_layers(cache: Cache) -> list:
     # An encoder-decoder cache keeps the cross-attention cache apart: its length is the encoder's,
     # it never holds holes and it is never compacted.
@@ -94,8 +162,8 @@ class SlotCache:
 
     def __init__(self, cache: Cache, batch_size: int, device: torch.device, capacity: int | None = None,
                  headroom: int = 64):
-        self.cache = cache
-        self.capacity = capacity  # None: dynamic (the cache grows by concatenation)
+        self.cache = cache if capacity is not None else grow_in_place(cache)
+        self.capacity = capacity  # None: dynamic (the cache grows in place, GrowingLayer)
         self.headroom = headroom
         self._used = 0  # static: the next free column, the same for every row
         self.regrowths = 0
@@ -259,7 +327,7 @@ class SlotCache:
         if self.static or self.recurrent is not None:
             return False
         for layer in _self_attention_layers(self.cache):
-            if type(layer) is not DynamicLayer or getattr(layer, "indexer_keys", None) is not None:
+            if type(layer) not in (DynamicLayer, GrowingLayer) or getattr(layer, "indexer_keys", None) is not None:
                 return False
             if getattr(layer, "is_initialized", False) and layer.keys is not None and layer.keys.shape[2] != self.length:
                 return False
