@@ -7,7 +7,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from specdec.core.cache import GrowingLayer
+from specdec.core.cache import GROWTH_LIMIT, GrowingLayer
 from specdec.core.models import CausalLMRunner
 
 from .conftest import PAD, tiny_model
@@ -179,6 +179,11 @@ class TestGrowingLayer:
         assert layer.get_seq_length() == reference.get_seq_length() == 403
         assert reallocations <= 12  # each grows it by half: logarithmically many, where cat makes 200
         assert layer.keys.data_ptr() == layer._whole_keys.data_ptr()
+
+    def test_a_long_prompt_gets_limited_room(self):
+        layer = GrowingLayer()
+        layer.update(*self.block(3000, batch=1))
+        assert layer._whole_keys.shape[2] == 3000 + GROWTH_LIMIT and layer.get_seq_length() == 3000
 
     def test_a_cut_is_written_over_and_a_replaced_tensor_is_taken_in(self):
         layer = GrowingLayer()

@@ -76,16 +76,22 @@ def static_cache(layers: int, capacity: int, device: torch.device) -> Cache:
     return cache
 
 
+# The most columns a GrowingLayer adds when it fills (half its length below that).
+GROWTH_LIMIT = 1024
+
+
 class GrowingLayer(DynamicLayer):
     """A ``DynamicLayer`` that appends in place: its keys and values are views of the first columns
-    of a larger tensor, which is reallocated half as large again when it fills (amortised, each
-    token is copied about three times in all). transformers' ``DynamicLayer`` concatenates the whole
-    cache with every step's new tokens, a copy of every cached key and value per step: on the
-    project's Xeon that was 6 of a batch-16 plain step's 45 ms on the bundled pair
-    (``docs/benchmarks.md``, stop 38). Whoever cuts the views (``SlotCache._cut``, ``crop``) keeps
-    the tensor; whoever replaces them (compaction's gather, another batch's rows) hands the next
-    ``update`` a tensor of its own, which it copies into a new one. Used by every dynamic
-    ``SlotCache`` for its plain attention layers; ``generate`` keeps transformers' own."""
+    of a larger tensor, reallocated when it fills with half its length again as room (at most
+    ``GROWTH_LIMIT`` columns, so that a long prompt's cache holds little unused memory). A token is
+    copied a few times in all while the cache is short, and past that the cache once per
+    ``GROWTH_LIMIT`` new tokens. transformers' ``DynamicLayer`` concatenates the whole cache with
+    every step's new tokens, a copy of every cached key and value per step: on the project's Xeon
+    that was 6 of a batch-16 plain step's 45 ms on the bundled pair (``docs/benchmarks.md``, stop
+    38). Whoever cuts the views (``SlotCache._cut``, ``crop``) keeps the tensor; whoever replaces
+    them (compaction's gather) hands the next ``update`` a tensor of its own, which it copies into a
+    new one. Used by every dynamic ``SlotCache`` for its plain attention layers; ``generate`` keeps
+    transformers' own."""
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         super().lazy_initialization(key_states, value_states)
@@ -129,7 +135,7 @@ def _append_in_place(whole: torch.Tensor | None, held: torch.Tensor, new: torch.
     length = held.shape[2] if held.dim() == 4 else 0  # a fresh layer holds a 1-D empty tensor
     end = length + new.shape[2]
     if not _views_of(whole, held) or end > whole.shape[2]:
-        grown = new.new_empty(*new.shape[:2], end + max(end // 2, 16), new.shape[3])
+        grown = new.new_empty(*new.shape[:2], end + min(max(end // 2, 16), GROWTH_LIMIT), new.shape[3])
         if length:
             grown[:, :, :length].copy_(held)
         whole = grown
