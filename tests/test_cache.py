@@ -227,6 +227,21 @@ class TestGrowingLayer:
         assert slots.cache.layers and all(type(layer) is GrowingLayer for layer in slots.cache.layers)
         assert type(DynamicCache(config=model.config).layers[0]) is DynamicLayer  # transformers' class untouched
 
+    def test_a_cache_built_with_its_layers_grows_in_place_too(self):
+        """Hybrid models' caches come with their layers made (``config_cache``): plain attention layers
+        among them are swapped before their first update, and the logits are the lazily built cache's."""
+        from specdec.core.cache import SlotCache
+
+        model = tiny_model("llama")
+        runner = CausalLMRunner(model)
+        built = SlotCache(DynamicCache(config=model.config), 2, torch.device("cpu"))
+        assert all(type(layer) is GrowingLayer for layer in built.cache.layers)
+        lazy = runner.new_cache(2)
+        for block in (torch.tensor([[5, 6, 7], [8, 9, 10]]), torch.tensor([[11], [12]])):
+            valid = torch.ones_like(block, dtype=torch.bool)
+            got = runner.forward(built, block, valid, logits_to_keep=1)
+            torch.testing.assert_close(got, runner.forward(lazy, block, valid, logits_to_keep=1), rtol=0, atol=0)
+
 
 def test_rows_leave_a_whisper_batch_lazily_and_exactly():
     """Rows of a Whisper batch end at different steps: the caches (and encoder outputs) are cut fewer
