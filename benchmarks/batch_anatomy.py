@@ -1,11 +1,12 @@
 """Where a batch's time goes on the bundled pair, per contender, interleaved batch by batch.
 
     OMP_NUM_THREADS=1 python benchmarks/batch_anatomy.py [--drafter ngram|model] [--batch-size 16] \
-        [--num-prompts 64] [--ks 0,1,2] [--cost-aware] [--repeats 3] [--both-caches]
+        [--num-prompts 64] [--ks 0,1,2] [--cost-aware] [--variants name=value[,...] ...] [--repeats 3] [--both-caches]
 
 Each batch of ``--batch-size`` prompts is decoded greedily by ``target.generate`` and then by each
 contender (constant k for each of ``--ks``, and ``cost-aware`` with ``--cost-aware``) before the
-next batch, so that a noisy neighbour slows all alike. Printed per contender: its rate against
+next batch, so that a noisy neighbour slows all alike. Each ``--variants`` entry adds a
+``cost-aware`` contender with those options set (e.g. ``objective=expected-makespan``). Printed per contender: its rate against
 ``generate`` (the sum of times, and the median of the per-batch ratios), against the best constant
 k, and where its time went per batch: the first iteration (the prompt's prefill), the iterations at
 the full batch, those after rows left (a smaller batch), and the cache cuts when rows leave
@@ -35,6 +36,7 @@ from specdec import SpeculativeDecoder  # noqa: E402
 from specdec.core.components import Observer  # noqa: E402
 from specdec.core.hookspecs import hookimpl  # noqa: E402
 from specdec.drafters import ModelDrafter, NGramDrafter  # noqa: E402
+from specdec.config import parse_options  # noqa: E402
 from specdec.policies import ConstantLookahead, CostAwareLookahead  # noqa: E402
 
 from bundled_pair import load_bundled_pair  # noqa: E402
@@ -78,6 +80,7 @@ def main():
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--ks", default="0,1,2", help="constant k contenders, comma-separated")
     parser.add_argument("--cost-aware", action="store_true", help="cost-aware as a contender too")
+    parser.add_argument("--variants", nargs="*", default=[], help="more cost-aware contenders, options name=value[,...]")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--both-caches", action="store_true", help="each contender with transformers' DynamicLayer too")
     args = parser.parse_args()
@@ -88,6 +91,9 @@ def main():
     policies = {f"k={k}": (lambda k=k: ConstantLookahead(k=int(k))) for k in args.ks.split(",")}
     if args.cost_aware:
         policies["cost-aware"] = CostAwareLookahead
+    for variant in args.variants:
+        options = parse_options("policy", "cost-aware", variant.split(","), "--variants")
+        policies[f"cost-aware {variant}"] = lambda options=options: CostAwareLookahead(**options)
     caches = ("in place", "concatenated") if args.both_caches else ("in place",)
     grow = cache_module.grow_in_place
     contenders = {}
