@@ -7,7 +7,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from specdec.core.cache import GROWTH_LIMIT, GrowingLayer
+from specdec.core.cache import GROWTH_LIMIT, GrowingLayer, _columns
 from specdec.core.models import CausalLMRunner
 
 from .conftest import PAD, tiny_model
@@ -179,6 +179,29 @@ class TestGrowingLayer:
         assert layer.get_seq_length() == reference.get_seq_length() == 403
         assert reallocations <= 12  # each grows it by half: logarithmically many, where cat makes 200
         assert layer.keys.data_ptr() == layer._whole_keys.data_ptr()
+
+    def test_compaction_picks_each_rows_columns_from_the_views(self):
+        """``_columns`` reads a GrowingLayer's strided view (and any other layout) as gather would."""
+        layer = GrowingLayer()
+        layer.update(*self.block(7, batch=3))
+        layer.update(*self.block(2, batch=3, seed=1))  # a view of the first 9 of a longer tensor
+        assert not layer.keys.is_contiguous()
+        order = torch.tensor([[0, 2, 3, 8], [1, 4, 5, 6], [0, 1, 7, 8]])
+        expected = layer.keys.gather(2, order[:, None, :, None].expand(-1, 3, -1, 4))
+        assert torch.equal(_columns(layer.keys, order, {}), expected)
+        assert torch.equal(_columns(layer.keys.transpose(1, 2).contiguous().transpose(1, 2), order, {}), expected)
+
+    def test_a_layer_that_let_old_columns_go_is_not_compacted(self):
+        """Compaction's row numbers assume a column per slot: a layer holding fewer keeps its holes."""
+        runner = CausalLMRunner(tiny_model("llama"))
+        slots = runner.new_cache(2)
+        runner.forward(slots, torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]]), torch.ones(2, 4, dtype=torch.bool),
+                       logits_to_keep=1)
+        slots.drop_tail(4, keep_columns=torch.tensor([1, 2]))
+        layer = slots.cache.layers[0]
+        layer.keys, layer.values = layer.keys[:, :, 1:], layer.values[:, :, 1:]  # as a window that let one go
+        slots.compact(2)
+        assert slots.compactions == 0 and slots.length == 4
 
     def test_a_long_prompt_gets_limited_room(self):
         layer = GrowingLayer()

@@ -433,11 +433,24 @@ class SlotCache:
         if self.length >= 16 and self.length - widest >= widest:
             self.compact(widest)
 
+    def _columns_aligned(self) -> bool:
+        """Whether every self-attention layer that holds keys holds one column per slot, as
+        ``compact``'s row numbers assume (a sliding-window layer that has let old tokens go does not:
+        its holes stay, which only costs time)."""
+        for layer in _self_attention_layers(self.cache):
+            keys = getattr(layer, "keys", None) if getattr(layer, "is_initialized", False) else None
+            if isinstance(layer, DynamicLayer) and isinstance(keys, torch.Tensor) and keys.dim() == 4 \
+                    and keys.shape[2] not in (0, self.length):
+                return False
+        return True
+
     def compact(self, width: int) -> None:
         """Gather every row's valid slots to the right end of a cache ``width`` slots long (static:
         of its first ``width`` columns, in place, and write from there on)."""
         if self.static:
             self._compact_in_place(width)
+            return
+        if not self._columns_aligned():
             return
         length = self.length
         # Sort key puts holes first and valid slots after them, each group in slot order, so the
@@ -445,6 +458,7 @@ class SlotCache:
         positions = torch.arange(length, device=self.slot_mask.device)
         key = self.slot_mask.long() * length + positions[None, :]
         order = key.argsort(dim=1)[:, length - width :]  # [B, width]
+        rows = {}  # _columns' row numbers per layout: the layers of a cache share one or two
         self.slot_mask = self.slot_mask.gather(1, order)
         self.positions = self.positions.gather(1, order)
         for layer in _self_attention_layers(self.cache):
@@ -452,10 +466,7 @@ class SlotCache:
                 continue
             if layer.keys is None or layer.keys.numel() == 0:
                 continue
-            index = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
-            layer.keys = layer.keys.gather(2, index)
-            index = order[:, None, :, None].expand(-1, layer.values.shape[1], -1, layer.values.shape[-1])
-            layer.values = layer.values.gather(2, index)
+            layer.keys, layer.values = _columns(layer.keys, order, rows), _columns(layer.values, order, rows)
             indexer_keys = getattr(layer, "indexer_keys", None)  # sparse attention's indexer (DSA)
             if isinstance(indexer_keys, torch.Tensor) and indexer_keys.dim() == 3 and indexer_keys.shape[1] == length:
                 layer.indexer_keys = indexer_keys.gather(1, order[:, :, None].expand(-1, -1, indexer_keys.shape[-1]))
@@ -479,6 +490,28 @@ class SlotCache:
             layer.cumulative_length.fill_(width)
         self._used = width
         self.compactions += 1
+
+
+def _columns(tensor: torch.Tensor, order: torch.Tensor, rows: dict) -> torch.Tensor:
+    """``tensor`` [B, H, L, D] with, per row b, the columns ``order[b]`` [W]: [B, H, W, D]. One
+    ``index_select`` of whole D-wide rows over the tensor's memory seen as rows of D: on the
+    project's Xeon 0.8 ms for a batch-16 layer's keys, where ``gather`` along the columns (an index
+    per element) took 2.6. A ``GrowingLayer``'s keys are the first columns of a longer tensor: the
+    row numbers step over its unused columns rather than copying the view first. ``rows`` keeps the
+    row numbers per layout, for the next layer."""
+    batch, heads, length, width = tensor.shape
+    stride = tensor.stride()
+    if stride[3] != 1 or stride[2] != width or stride[1] % width or stride[0] % width:
+        tensor = tensor.contiguous()
+        stride = tensor.stride()
+    per_row, per_head = stride[0] // width, stride[1] // width
+    layout = (batch, heads, per_row, per_head)
+    if layout not in rows:
+        rows[layout] = (torch.arange(batch, device=tensor.device).view(batch, 1, 1) * per_row
+                        + torch.arange(heads, device=tensor.device).view(1, heads, 1) * per_head
+                        + order[:, None, :]).reshape(-1)
+    memory = tensor.as_strided(((batch - 1) * per_row + (heads - 1) * per_head + length, width), (width, 1))
+    return memory.index_select(0, rows[layout]).view(batch, heads, order.shape[1], width)
 
 
 def share_cross_attention(a: SlotCache, b: SlotCache, layers: list[tuple[int, int]]) -> int:
