@@ -47,9 +47,11 @@ H = target.config.hidden_size
 t0 = time.time()
 try:
     saved = torch.load(args.features)
-    assert saved["layers"] == extra and saved["rows"].equal(rows)
+except (OSError, RuntimeError):
+    saved = None
+if saved is not None and saved["layers"] == extra and saved["rows"].equal(rows):
     feats = saved["features"]
-except Exception:
+else:  # none cached, or for other rows or layers
     feats = torch.empty(rows.shape[0], rows.shape[1], H * (1 + len(extra)), dtype=torch.float32)
     with torch.no_grad():
         for s in range(0, rows.shape[0], 8):

@@ -89,8 +89,8 @@ class GrowingLayer(DynamicLayer):
     every step's new tokens, a copy of every cached key and value per step: on the project's Xeon
     that was 6 of a batch-16 plain step's 45 ms on the bundled pair (``docs/benchmarks.md``, stop
     38). Whoever cuts the views (``SlotCache._cut``, ``crop``) keeps the tensor; whoever replaces
-    them (compaction's gather) hands the next ``update`` a tensor of its own, which it copies into a
-    new one. Used by every dynamic ``SlotCache`` for its plain attention layers; ``generate`` keeps
+    them (compaction, ``_columns``) hands the next ``update`` a tensor of its own, which it copies into
+    a new one. Used by every dynamic ``SlotCache`` for its plain attention layers; ``generate`` keeps
     transformers' own."""
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
