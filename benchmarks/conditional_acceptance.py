@@ -8,11 +8,20 @@ is from the real process: with a constant k, for every position j it counts the 
 reached j (all drafts before it accepted) and those that accepted j as well. A flat profile is what
 the model assumes; one that rises with j means accepted drafts come in runs, and the geometric
 model undervalues long drafts against short ones. Greedy, 16 held-out prompts, counts only (no timing).
+
+It also reports how much the rows of a request differ (what ``cost-aware``'s ``history_strength``
+measures): per request, the variance of the rows' rates (accepted / (accepted + rejections)) less
+its sampling part p (1 - p) / n, as a Beta prior's pseudo-counts p (1 - p) / variance - 1 (few: rows
+differ for good; many: they are alike and a spread of estimates is noise), and how far a row's rate
+over its first 15 steps predicts the rest (the correlation over the rows).
+
+    python benchmarks/conditional_acceptance.py --k 1 --batch-sizes 16 --prompts 64   # stop 40's table
 """
 
 import argparse
 import collections
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -47,14 +56,43 @@ class PositionCounts(Observer):
     def __init__(self):
         self.reached, self.accepted = collections.Counter(), collections.Counter()
         self.drafted = self.kept = 0
+        self.requests = []  # per request: [row] [accepted, rejections] after 15 steps and at the end
+
+    def begin(self, state, target):
+        self.rows = [[0, 0] for _ in range(state.batch_size)]
+        self.requests.append((self.rows, None))
+        self.steps = 0
 
     def on_step(self, state, step):
-        for drafted, accepted in zip(step.drafted_host.tolist(), step.accepted_host.tolist()):
+        for row, drafted, accepted in zip(step.rows_host.tolist(), step.drafted_host.tolist(), step.accepted_host.tolist()):
             self.drafted += drafted
             self.kept += accepted
+            self.rows[row][0] += accepted
+            self.rows[row][1] += drafted == 0 or accepted < drafted  # cost-aware's truncation-aware count
             for j in range(1, min(drafted, accepted + 1) + 1):
                 self.reached[j] += 1
                 self.accepted[j] += j <= accepted
+        self.steps += 1
+        if self.steps == 15:
+            self.requests[-1] = (self.rows, [list(r) for r in self.rows])
+
+
+def row_spread(rows, early) -> str:
+    """How much one request's rows differ: see the module docstring."""
+    seen = [a + r for a, r in rows]
+    rates = [a / n for (a, _), n in zip(rows, seen) if n]
+    if len(rates) < 2:
+        return "one row"
+    pooled = sum(a for a, _ in rows) / sum(seen)
+    variance = statistics.pvariance(rates) - statistics.mean(pooled * (1 - pooled) / n for n in seen if n)
+    strength = pooled * (1 - pooled) / variance - 1 if variance > 0 else float("inf")
+    text = f"rate {pooled:.2f} (lowest row {min(rates):.2f}), pseudo-counts {strength:.1f}"
+    if early is not None:
+        first = [a / (a + r) if a + r else pooled for a, r in early]
+        rest = [(a - ea) / max(a + r - ea - er, 1) for (a, r), (ea, er) in zip(rows, early)]
+        if statistics.pstdev(first) > 0 and statistics.pstdev(rest) > 0:
+            text += f", first 15 steps against the rest: correlation {statistics.correlation(first, rest):.2f}"
+    return text
 
 
 torch.set_num_threads(1)
@@ -85,3 +123,6 @@ for name in args.drafters.split(","):
               + " ".join(f"{r:.2f}" for r in rates))
         print(f"  tokens per step at k = 1..{args.k}: measured " + " ".join(f"{m:.2f}" for m in measured[1:])
               + f"; geometric (alpha {alpha:.2f}) " + " ".join(f"{g:.2f}" for g in geometric[1:]))
+        if batch_size > 1:
+            for index, (rows, early) in enumerate(counts.requests):
+                print(f"  request {index}: " + row_spread(rows, early))

@@ -348,8 +348,11 @@ class TestAcceptance:
         assert policy._failure == [0.0, 1.0]  # row 0 accepted all it was asked: no failure
         alpha = policy.row_alpha(torch.tensor([0, 1]))
         pooled = policy.pooled_alpha()
-        assert alpha[0] == pytest.approx((4 + 2 * pooled) / (4 + 2))
-        assert alpha[1] == pytest.approx((1 + 2 * pooled) / (2 + 2))
+        # The recent counts on the row's request so far, itself on the pool (both with prior_strength
+        # pseudo-counts until a finished request has measured how much rows differ).
+        own = [(4 + 2 * pooled) / (4 + 2), (1 + 2 * pooled) / (2 + 2)]
+        assert alpha[0] == pytest.approx((4 + 2 * own[0]) / (4 + 2))
+        assert alpha[1] == pytest.approx((1 + 2 * own[1]) / (2 + 2))
         assert alpha[0] > 0.8 > alpha[1]
 
     def test_a_draft_short_of_what_was_asked_counts_as_a_rejection(self):
@@ -409,18 +412,56 @@ class TestAcceptance:
         assert choice() == 2
         assert choice(prior_strength=4.0) == 0
 
-    def test_a_row_that_stopped_drafting_drifts_back_to_the_pooled_estimate(self):
+    def test_a_row_that_stopped_drafting_drifts_back_to_its_request_so_far(self):
+        """After a bad patch a row that drafted well before returns to about its whole request's rate
+        while the batch takes plain steps; one that drafted badly throughout stays bad (it drifted to
+        the pool until stop 40: at batch 16 with prompt lookup the slowest row then looked better after
+        a few plain steps than it is, and the batch went back to drafting at a loss, over and over)."""
         policy = CostAwareLookahead(clock=lambda: 0.0, probe_rate=0.0)
-        state = fake_state(1)
+        state = fake_state(2)
         policy.begin(state, None)
-        policy._failure[0] = 20.0  # a bad patch, outweighing the prior
-        low = float(policy.row_alpha(torch.tensor([0]))[0])
-        fed(policy, 1, {0: 1.0, 1: 100.0, 4: 400.0})  # drafting is far too dear: k = 0 steps
+        policy._pool = [30.0, 30.0]  # earlier requests: 0.5
+        policy.lookahead(state)
+        for _ in range(20):  # row 0 accepts its 4 drafts, row 1 has its first rejected
+            policy.on_step(state, step_of([0, 1], [4, 4], [4, 0]))
+        for _ in range(15):  # a bad patch for row 0
+            policy.on_step(state, step_of([0, 1], [4, 4], [0, 0]))
+        low = policy.row_alpha(torch.tensor([0, 1])).tolist()
+        fed(policy, 2, {0: 1.0, 1: 100.0, 4: 400.0})  # drafting is far too dear: k = 0 steps
         for _ in range(40):
-            assert int(policy.lookahead(state)[0]) == 0
-            policy.on_step(state, step_of([0], [0], [0]))
-        assert float(policy.row_alpha(torch.tensor([0]))[0]) > low + 0.2
-        assert float(policy.row_alpha(torch.tensor([0]))[0]) == pytest.approx(policy.pooled_alpha(), abs=0.05)
+            assert int(policy.lookahead(state).max()) == 0
+            policy.on_step(state, step_of([0, 1], [0, 0], [0, 0]))
+        good, bad = policy.row_alpha(torch.tensor([0, 1])).tolist()
+        pooled = policy.pooled_alpha()
+        (kept, missed), lean = policy._row_history[0], policy.history_strength()
+        assert good > low[0] + 0.1 and good > pooled + 0.2
+        assert good == pytest.approx((kept + lean * pooled) / (kept + missed + lean), abs=0.01)
+        kept, missed = policy._row_history[1]
+        assert bad < pooled - 0.3
+        assert bad == pytest.approx((kept + lean * pooled) / (kept + missed + lean), abs=0.01)
+
+    def test_how_far_a_row_leans_on_the_pool_follows_how_much_rows_differ(self):
+        """Rows that draft alike (a draft model) lean on the pool, so the lowest of 16 noisy estimates is
+        not read as a slow row; rows that differ for good (prompt lookup: some prompts repeat
+        themselves, others never) keep their own rates."""
+        def after_a_request(rates):
+            policy = CostAwareLookahead(clock=lambda: 0.0, probe_rate=0.0)
+            state = fake_state(len(rates))
+            policy.begin(state, None)
+            assert policy.history_strength() == policy.prior_strength  # nothing measured yet
+            policy.lookahead(state)
+            for step in range(40):  # one-token drafts, row b accepted at its rate (evenly spread)
+                accepted = [int((step + 1) * rate) - int(step * rate) for rate in rates]
+                policy.on_step(state, step_of(list(range(len(rates))), [1] * len(rates), accepted))
+            policy.begin(state, None)  # the next request folds the finished one's rows in
+            return policy
+
+        alike = after_a_request([0.7] * 16)
+        apart = after_a_request([0.9] * 8 + [0.1] * 8)
+        assert alike.history_strength() == CostAwareLookahead.MAX_HISTORY_STRENGTH
+        assert apart.history_strength() < 2.0
+        # A new request's rows start at the pool either way.
+        assert apart.row_alpha(torch.arange(16)).tolist() == pytest.approx([apart.pooled_alpha()] * 16)
 
 
 class TestAcceptanceByPosition:

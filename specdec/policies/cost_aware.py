@@ -24,9 +24,18 @@ forward passes and no host syncs of its own:
   what the target kept, accounting for truncation: a draft of m that was accepted in full says
   "m successes, no failure" (alpha is high, not m/m), also when m is short of the k asked (prompt
   lookup found only m tokens to copy); a draft cut at its first rejection, or no draft at all,
-  says "accepted successes, one failure". Beta prior from the pooled acceptance of all rows (kept across
-  requests), row counts decayed by ``alpha_decay`` per step so a row follows the text it is in. The
-  prior weighs ``prior_strength`` = 12 pseudo-counts, about as much as a row's own decayed counts:
+  says "accepted successes, one failure". Two levels of Beta prior: a row's recent counts, decayed
+  by ``alpha_decay`` per step so a row follows the text it is in, lean on the row's counts over its
+  whole request so far (aged only when it drafts), and those lean on the pooled acceptance of all
+  rows (kept across requests). So while a batch takes plain steps a row drifts back to what its
+  request has shown, not to the pool: with prompt lookup some prompts repeat themselves and others
+  never do, and a row that drifted to the pool made the batch go back to drafting at a loss every
+  few steps (stop 40). How far the request's counts lean on the pool is measured: finished
+  requests' rows give the spread of the rows' rates less its sampling part, and the Beta prior of
+  that spread has ``pooled (1 - pooled) / variance - 1`` pseudo-counts (``history_strength``; a
+  few for prompt lookup on the bundled pair, where rows differ for good, tens for its draft model,
+  where they are alike and the lowest of 16 estimates is mostly noise). The recent counts' prior
+  weighs ``prior_strength`` = 12 pseudo-counts, about as much as a row's own decayed counts:
   a batch's choice hangs on its slowest row (``makespan``), and the lowest of 16 noisy estimates
   is far below that row's true acceptance. With 4, replayed on the bundled pair with a clock as
   noisy as a shared host (``benchmarks/batch_replay.py``, model drafter), batch 16 fell into plain
@@ -390,6 +399,8 @@ class CostAwareLookahead(LookaheadPolicy):
     from measured iteration times and measured per-row acceptance; see the module docstring."""
 
     name = "cost-aware"
+    MAX_HISTORY_STRENGTH = 100.0
+    SPREAD_DECAY = 0.9  # per finished request
 
     min_k: int = attrs.field(default=1, validator=integer(1))
     max_k: int = attrs.field(default=8, validator=[*integer(1), _max_k])
@@ -415,6 +426,13 @@ class CostAwareLookahead(LookaheadPolicy):
     # host every iteration, where a handful of Python numbers cost less than a tensor op each.
     _success: list[float] | None = attrs.field(default=None, init=False, repr=False)
     _failure: list[float] | None = attrs.field(default=None, init=False, repr=False)
+    # [R] [accepted, rejections] of each row over its whole request, aged only when it drafts (at the
+    # pool's pace): what the recent counts above age back to while the row does not draft.
+    _row_history: list[list[float]] | None = attrs.field(default=None, init=False, repr=False)
+    # How much rows really differ, from finished requests' rows: decayed [weight, sum of the squared
+    # deviation of a row's rate from the pool less its sampling variance]. It sets how far a row's
+    # history leans on the pool (few pseudo-counts where rows differ, many where they are alike).
+    _spread: list[float] = attrs.field(factory=lambda: [0.0, 0.0], init=False, repr=False)
     _pool: list = attrs.field(factory=lambda: [0.0, 0.0], init=False, repr=False)  # decayed [accepted, rejections]
     # [max_k] decayed drafts (per row and step, pooled like _pool) that reached position j + 1, every
     # draft before them accepted, and those accepted there: the conditional acceptance profile.
@@ -468,8 +486,41 @@ class CostAwareLookahead(LookaheadPolicy):
     def _row_alphas(self, rows: list[int]) -> list[float]:
         pooled = self.pooled_alpha()
         strength = max(self.prior_strength, 1e-6)
-        success, failure = self._success, self._failure
-        return [_clip((success[r] + strength * pooled) / (success[r] + failure[r] + strength)) for r in rows]
+        lean = self.history_strength()
+        success, failure, history = self._success, self._failure, self._row_history
+        alphas = []
+        for r in rows:
+            kept, missed = history[r]
+            own = (kept + lean * pooled) / (kept + missed + lean)
+            alphas.append(_clip((success[r] + strength * own) / (success[r] + failure[r] + strength)))
+        return alphas
+
+    def history_strength(self) -> float:
+        """Pseudo-counts of the pooled acceptance in a row's whole-request estimate: the Beta prior
+        whose spread is the rows' measured one (method of moments, ``pooled (1 - pooled) / variance - 1``),
+        ``prior_strength`` until a request has finished, at most ``MAX_HISTORY_STRENGTH``."""
+        weight, excess = self._spread
+        if weight <= 0:
+            return max(self.prior_strength, 1e-6)
+        pooled = _clip(self.pooled_alpha())
+        variance = excess / weight
+        if variance <= pooled * (1 - pooled) / (self.MAX_HISTORY_STRENGTH + 1):
+            return self.MAX_HISTORY_STRENGTH
+        return max(pooled * (1 - pooled) / variance - 1, 1.0)
+
+    def _fold_spread(self) -> None:
+        """Adds the finished request's rows (those with a few drafts' evidence) to ``_spread``."""
+        if not self._row_history:
+            return
+        pooled = _clip(self.pooled_alpha())
+        weight, excess = self._spread
+        weight, excess = weight * self.SPREAD_DECAY, excess * self.SPREAD_DECAY
+        for kept, missed in self._row_history:
+            seen = kept + missed
+            if seen >= 4:
+                weight += 1.0
+                excess += (kept / seen - pooled) ** 2 - pooled * (1 - pooled) / seen
+        self._spread = [weight, excess]
 
     def _position_shift(self) -> list[float] | None:
         """Per draft position, the log-odds of the pooled conditional acceptance there less those of
@@ -562,8 +613,10 @@ class CostAwareLookahead(LookaheadPolicy):
 
     def begin(self, state, target) -> None:
         self._end_stretch()
+        self._fold_spread()
         self._success = [0.0] * state.batch_size
         self._failure = [0.0] * state.batch_size
+        self._row_history = [[0.0, 0.0] for _ in range(state.batch_size)]
         self._pending = None
         self._row_cuts = 0
         self._drafted = self._drafted_in_request = False
@@ -790,7 +843,8 @@ class CostAwareLookahead(LookaheadPolicy):
         # evidence ages each step, drafting or not, so a row that stopped drafting after a bad
         # patch drifts back to the pooled estimate instead of staying at k = 0 until a probe.
         self._count_alternatives(step)
-        decay, success, failure = self.alpha_decay, self._success, self._failure
+        decay, success, failure, history = self.alpha_decay, self._success, self._failure, self._row_history
+        pool_decay = self.alpha_decay ** (1 / 16)  # the pooled estimate moves slower than a row's
         counted: list[tuple[int, float]] = []  # (accepted, rejected) of each row asked to draft
         credit = self.alternatives == "always"
         for row, asked, drafted, accepted, appended in zip(step.rows_host.tolist(), requested.tolist(),
@@ -811,11 +865,13 @@ class CostAwareLookahead(LookaheadPolicy):
                 rejected = 1.0 if drafted == 0 or accepted < drafted else 0.0
                 success[row] += accepted
                 failure[row] += rejected
+                own = history[row]
+                own[0] = own[0] * pool_decay + accepted
+                own[1] = own[1] * pool_decay + rejected
                 counted.append((accepted, rejected))
         if not counted:
             return
         asked_rows = len(counted)
-        pool_decay = self.alpha_decay ** (1 / 16)  # the pooled estimate moves slower than a row's
         self._pool[0] = self._pool[0] * pool_decay + sum(a for a, _ in counted) / asked_rows
         self._pool[1] = self._pool[1] * pool_decay + sum(r for _, r in counted) / asked_rows
         if not self.per_position:  # positions are counted only for the model that reads them
