@@ -73,12 +73,13 @@ forward passes and no host syncs of its own:
   only where it beats them by ``resume_margin`` (5%), and once taken up it is kept while it beats
   them at all. Near break-even a batch's estimate errs towards drafting: each row's acceptance is
   shrunk towards the pooled one, so the slowest row, which decides the makespan, looks better than
-  it is, and its evidence ages back to the pool within a few plain steps; and drafting leaves holes
-  in the target's cache that later plain steps pay 3-6% for. Without the margin, prompt lookup at
-  batch 16 drafted a k = 1 iteration every 4-6 plain steps, each at 1.35 plain steps, and ran 0.91x
-  of constant k = 0; with it, 0.995x (``docs/benchmarks.md``, stop 32). A lone row has no slowest row
-  to overrate and never holds holes (its rejected drafts are cut off), and the margin cost it: 0.944
-  of the best constant k against 0.987 in the n-gram replay (``benchmarks/lookahead_replay.py``).
+  it is (until stop 40 its evidence also aged back to the pool within a few plain steps; now to its
+  own request's); and drafting leaves holes in the target's cache that later plain steps pay 3-6%
+  for. Without the margin, prompt lookup at batch 16 drafted a k = 1 iteration every 4-6 plain
+  steps, each at 1.35 plain steps, and ran 0.91x of constant k = 0; with it, 0.995x
+  (``docs/benchmarks.md``, stop 32). A lone row has no slowest row to overrate and never holds holes
+  (its rejected drafts are cut off), and the margin cost it: 0.944 of the best constant k against
+  0.987 in the n-gram replay (``benchmarks/lookahead_replay.py``).
 * **Probing.** A share ``probe_rate`` of iterations tries another k: while speculating, k = 0 (the
   intercept) or a k two away from the best (the slope); while not speculating, the best
   speculative k for two iterations (so acceptance and its cost stay measured and the policy
@@ -840,8 +841,9 @@ class CostAwareLookahead(LookaheadPolicy):
         if requested is None or requested.shape[0] != step.rows_host.shape[0]:
             return
         # Acceptance, counted against what each row was asked for (truncation-aware). Every row's
-        # evidence ages each step, drafting or not, so a row that stopped drafting after a bad
-        # patch drifts back to the pooled estimate instead of staying at k = 0 until a probe.
+        # recent evidence ages each step, drafting or not, so a row that stopped drafting after a bad
+        # patch drifts back to what its whole request has shown (its history, aged only when it
+        # drafts) instead of staying at k = 0 until a probe; a row bad throughout stays bad.
         self._count_alternatives(step)
         decay, success, failure, history = self.alpha_decay, self._success, self._failure, self._row_history
         pool_decay = self.alpha_decay ** (1 / 16)  # the pooled estimate moves slower than a row's
