@@ -70,7 +70,7 @@ class Constant:
     def begin(self, rows):
         pass
 
-    def lookahead(self, active, budgets):
+    def lookahead(self, active, budgets, generated):
         return self.k
 
     def observe(self, active, drafted, accepted, seconds, cut):
@@ -118,9 +118,10 @@ class CostAware:
         self.state = SimpleNamespace(batch_size=rows, row_cuts=0, iteration=0, verify_alternatives=True)
         self.policy.begin(self.state, None)
 
-    def lookahead(self, active, budgets):
+    def lookahead(self, active, budgets, generated):
         self.state.rows_host = torch.tensor(active)
         self.state.remaining_host = lambda: torch.tensor([b + 1 for b in budgets])
+        self.state.generated_host = lambda: torch.tensor(generated)
         return int(self.policy.lookahead(self.state)[0])
 
     def observe(self, active, drafted, accepted, seconds, cut):
@@ -143,7 +144,7 @@ def replay_batched(records, batch_size: int, cost: CostTable, policy) -> tuple[f
         policy.begin(len(chunk))
         while active:
             budgets = [len(chunk[b]) - position[b] - 1 for b in active]
-            k = policy.lookahead(active, budgets)
+            k = policy.lookahead(active, budgets, [position[b] for b in active])
             drafted, accepted = [], []
             for b, budget in zip(active, budgets):
                 offered, run, _ = chunk[b][position[b]]
@@ -192,7 +193,7 @@ def main():
         rates = []
         for seed in range(args.seeds):
             # warm like policy_grid.py: the smaller batch sizes first, the policy kept across requests
-            policy = CostAware(load=Load(args.drift, args.jitter, args.jumps, args.spikes, seed=seed), max_k=args.max_k, **options)
+            policy = CostAware(load=Load(args.drift, args.jitter, args.jumps, args.spikes, seed=seed), **{"max_k": args.max_k, **options})
             for size in (1, 4):
                 if size < args.batch_size:
                     replay_batched(records[:8] if size == 1 else records, size, cost, policy)

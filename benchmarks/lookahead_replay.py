@@ -167,8 +167,9 @@ class CostAware(Constant):
 
     def begin(self):
         self.state = SimpleNamespace(batch_size=1, rows_host=torch.zeros(1, dtype=torch.long), row_cuts=0,
-                                     iteration=0, verify_alternatives=True, left=0)
+                                     iteration=0, verify_alternatives=True, left=0, generated=0)
         self.state.remaining_host = lambda: torch.tensor([self.state.left])
+        self.state.generated_host = lambda: torch.tensor([self.state.generated])
         self.policy.begin(self.state, None)
 
     def lookahead(self, budget):
@@ -182,6 +183,7 @@ class CostAware(Constant):
             accepted_host=torch.tensor([accepted]), appended_host=torch.tensor([accepted + 1]),
             draft=SimpleNamespace(alternatives=None, width=drafted)))
         self.state.iteration += 1
+        self.state.generated += accepted + 1
 
 
 def oracle_rate(records, costs, max_k) -> float:

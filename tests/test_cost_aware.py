@@ -17,7 +17,8 @@ from specdec.core.types import Draft
 from specdec.drafters import ModelDrafter
 from specdec.plugins import get_registry
 from specdec.policies import CostAwareLookahead
-from specdec.policies.cost_aware import AlternativesLedger, CostFit, bucket_of, expected_tokens
+from specdec.policies.cost_aware import (AlternativesLedger, CostFit, _logit, _sigmoid, bucket_of, expected_tokens,
+                                         generated_bucket)
 from specdec.verifiers import GreedyVerifier
 
 from .conftest import Recorder, left_padded, perturbed_copy, tiny_llama
@@ -73,6 +74,7 @@ def fake_state(batch: int, remaining: int = 100):
     return SimpleNamespace(
         batch_size=batch, active=batch, rows_host=rows, iteration=1, row_cuts=0,
         remaining_host=lambda: torch.full((batch,), remaining),
+        generated_host=lambda: torch.zeros(batch, dtype=torch.long),
     )
 
 
@@ -199,6 +201,22 @@ class TestChoice:
         assert throughput.k > 0 and makespan.k == 0
         slow = {0: 1 / 10.0, **{k: float(expected_tokens(0.3, k)) / (12 + 2 * k) for k in range(1, 9)}}
         assert makespan.goodput == pytest.approx({k: 4 * 100 * rate / 100 for k, rate in slow.items()})
+
+    def test_makespan_prices_the_tail_at_the_smaller_batch(self):
+        """Once the fast row is done the slow one decodes alone, where an iteration costs half as much:
+        drafting pays although the slow row alone would not pay for it at two rows' cost."""
+        policy = fed(fed(CostAwareLookahead(), 2, {0: 10.0, 1: 14.0, 5: 22.0}), 1, {0: 5.0, 1: 6.0, 5: 8.0})
+        alpha, budget = [0.9, 0.3], [99, 99]
+        two, one = policy.cost_model(2), policy.cost_model(1)
+        decision = policy.choose(2, alpha, budget)
+        gains = {}
+        for k in decision.goodput:
+            first, last = sorted(100 / float(expected_tokens(a, k)) for a in alpha)
+            gains[k] = 200 / (first * two[k] + (last - first) * one[k])
+        assert decision.goodput == pytest.approx(gains)
+        assert decision.k == max(gains, key=gains.get) > 0
+        # Priced at two rows throughout, the slow row's 1.3 tokens per iteration do not pay for k = 1.
+        assert 100 / float(expected_tokens(0.3, 1)) * two[1] > 100 * two[0]
 
     def test_makespan_ignores_a_slow_row_that_is_nearly_done(self):
         costs = {0: 10.0, 1: 14.0, 5: 22.0}
@@ -347,12 +365,17 @@ class TestAcceptance:
         assert policy._success == [4.0, 1.0]
         assert policy._failure == [0.0, 1.0]  # row 0 accepted all it was asked: no failure
         alpha = policy.row_alpha(torch.tensor([0, 1]))
-        pooled = policy.pooled_alpha()
         # The recent counts on the row's request so far, itself on the pool (both with prior_strength
-        # pseudo-counts until a finished request has measured how much rows differ).
-        own = [(4 + 2 * pooled) / (4 + 2), (1 + 2 * pooled) / (2 + 2)]
-        assert alpha[0] == pytest.approx((4 + 2 * own[0]) / (4 + 2))
-        assert alpha[1] == pytest.approx((1 + 2 * own[1]) / (2 + 2))
+        # pseudo-counts until a finished request has measured how much rows differ), all read against
+        # what the pool accepted where the rows drafted (nothing counted yet: the prior, 0.5), and
+        # carried in log-odds to the pool where the rows are now (it has counted both rows' drafts).
+        reference, here = 0.5, policy.pooled_at(0)
+        # a step's rows count as one draft, on prior_strength pseudo-counts of the whole pool
+        assert here == pytest.approx((2.5 + 2 * policy.pooled_alpha()) / (3.0 + 2))
+        for row, (kept, missed) in enumerate([(4, 0), (1, 1)]):
+            own = (kept + 2 * reference) / (kept + missed + 2)  # on the reference: no shift above it
+            recent = (kept + 2 * own) / (kept + missed + 2)
+            assert alpha[row] == pytest.approx(_sigmoid(_logit(here) + _logit(recent) - _logit(reference)))
         assert alpha[0] > 0.8 > alpha[1]
 
     def test_a_draft_short_of_what_was_asked_counts_as_a_rejection(self):
@@ -403,9 +426,10 @@ class TestAcceptance:
             policy = CostAwareLookahead(clock=lambda: 0.0, probe_rate=0.0, **options)
             policy.begin(fake_state(16, remaining=60), None)
             policy._pool = [60.0, 20.0]
+            rate = policy.pooled_at(0)  # what the pool accepted where the rows drafted
             for row in range(15):
-                policy._success[row], policy._failure[row] = 6.0, 2.0
-            policy._failure[15] = 2.0  # drafted twice, rejected twice
+                policy._success[row], policy._failure[row], policy._expected[row] = 6.0, 2.0, 8 * rate
+            policy._failure[15], policy._expected[15] = 2.0, 2 * rate  # drafted twice, rejected twice
             fed(policy, 16, {0: 1.0, 1: 1.5, 2: 1.8, 3: 2.1, 4: 2.4})
             return policy.choose(16, policy._row_alphas(list(range(16))), [59] * 16).k
 
@@ -432,13 +456,40 @@ class TestAcceptance:
             assert int(policy.lookahead(state).max()) == 0
             policy.on_step(state, step_of([0, 1], [0, 0], [0, 0]))
         good, bad = policy.row_alpha(torch.tensor([0, 1])).tolist()
-        pooled = policy.pooled_alpha()
-        (kept, missed), lean = policy._row_history[0], policy.history_strength()
-        assert good > low[0] + 0.1 and good > pooled + 0.2
-        assert good == pytest.approx((kept + lean * pooled) / (kept + missed + lean), abs=0.01)
-        kept, missed = policy._row_history[1]
+        pooled, lean = policy.pooled_at(0), policy.history_strength()
+
+        def request_so_far(row):  # its counts on the pool where it drafted, carried to the pool now
+            kept, missed, kept_expected = policy._row_history[row]
+            reference = kept_expected / (kept + missed)
+            own = (kept + lean * reference) / (kept + missed + lean)
+            return _sigmoid(_logit(pooled) + _logit(own) - _logit(reference))
+
+        assert good > low[0] + 0.1 and good > pooled + 0.1
+        assert good == pytest.approx(request_so_far(0), abs=0.01)
         assert bad < pooled - 0.3
-        assert bad == pytest.approx((kept + lean * pooled) / (kept + missed + lean), abs=0.01)
+        assert bad == pytest.approx(request_so_far(1), abs=0.01)
+
+    def test_a_row_is_read_against_the_pool_where_it_drafted(self):
+        """Prompt lookup accepts more the more text a row has generated (it has more to copy from): a
+        row that accepted what the pool accepts early in a text reads as the pool does later in it,
+        not as its early rate; a row that did worse than the pool early stays below it."""
+        assert [generated_bucket(g) for g in (0, 7, 8, 15, 16, 31, 32, 63, 64, 1000)] == [0, 0, 1, 1, 2, 2, 3, 3, 4, 7]
+        policy = CostAwareLookahead(clock=lambda: 0.0, probe_rate=0.0)
+        state = fake_state(2)
+        generated = torch.zeros(2, dtype=torch.long)
+        state.generated_host = lambda: generated.clone()
+        policy.begin(state, None)
+        policy._by_generated = {0: [20.0, 80.0], 3: [40.0, 10.0]}  # earlier requests: 0.2 early, 0.8 at 32-63
+        policy.lookahead(state)
+        for step in range(30):  # one-token drafts in the first 8 tokens: row 0 accepts 1 in 5, row 1 none
+            policy.on_step(state, step_of([0, 1], [1, 1], [int(step % 5 == 0), 0]))
+        generated[:] = 40
+        policy.lookahead(state)
+        here = policy.pooled_at(40)
+        assert here > 0.6 and policy.pooled_at(0) < 0.25
+        like_the_pool, worse = policy.row_alpha(torch.tensor([0, 1])).tolist()
+        assert like_the_pool == pytest.approx(here, abs=0.05)
+        assert worse < like_the_pool - 0.2
 
     def test_how_far_a_row_leans_on_the_pool_follows_how_much_rows_differ(self):
         """Rows that draft alike (a draft model) lean on the pool, so the lowest of 16 noisy estimates is
@@ -461,7 +512,7 @@ class TestAcceptance:
         assert alike.history_strength() == CostAwareLookahead.MAX_HISTORY_STRENGTH
         assert apart.history_strength() < 2.0
         # A new request's rows start at the pool either way.
-        assert apart.row_alpha(torch.arange(16)).tolist() == pytest.approx([apart.pooled_alpha()] * 16)
+        assert apart.row_alpha(torch.arange(16)).tolist() == pytest.approx([apart.pooled_at(0)] * 16)
 
 
 class TestAcceptanceByPosition:

@@ -122,6 +122,10 @@ class DecodeState:
         """[B] on the host: how many tokens each active row may still commit."""
         return self.prompt_width + self.max_new_tokens - self.lengths_host[self.rows_host]
 
+    def generated_host(self) -> torch.Tensor:
+        """[B] on the host: how many tokens each active row has committed so far."""
+        return self.lengths_host[self.rows_host] - self.prompt_width
+
     def commit(self, appended: torch.Tensor, accepted: torch.Tensor, drafted: torch.Tensor,
                kept: torch.Tensor | None = None) -> Committed:
         """Append to each active row the first ``accepted[b] + 1`` tokens of ``appended`` ``[B, K + 1]``

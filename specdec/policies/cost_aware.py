@@ -27,7 +27,14 @@ forward passes and no host syncs of its own:
   says "accepted successes, one failure". Two levels of Beta prior: a row's recent counts, decayed
   by ``alpha_decay`` per step so a row follows the text it is in, lean on the row's counts over its
   whole request so far (aged only when it drafts), and those lean on the pooled acceptance of all
-  rows (kept across requests). So while a batch takes plain steps a row drifts back to what its
+  rows (kept across requests) where the row is in its text: the pool is kept per octave of tokens
+  generated (0-7, 8-15, 16-31, ...), and a row's counts are read against what the pool accepted
+  where the row drafted, their log-odds above it carried to the pool where the row is now. Prompt
+  lookup accepts more the more text there is to copy from (on the bundled pair 0.18 of the drafts
+  in a text's first 8 tokens, 0.42 at 16-31, 0.76 at 48-63; the draft model 0.74 to 0.82): read
+  against one pool, a row's early failures made it look worse later than it was, and at batch 4
+  the policy ran 0.89 of constant k = 1 in the batch replay, 0.96 now (``docs/benchmarks.md``,
+  stop 41). So while a batch takes plain steps a row drifts back to what its
   request has shown, not to the pool: with prompt lookup some prompts repeat themselves and others
   never do, and a row that drifted to the pool made the batch go back to drafting at a loss every
   few steps (stop 40). How far the request's counts lean on the pool is measured: finished
@@ -60,12 +67,17 @@ forward passes and no host syncs of its own:
   [min_k, max_k]. k = 0 is a plain target step. What it maximises is the ``objective``:
 
   - ``makespan`` (the default): ``generate`` returns when its last row is done, so a row that
-    runs ahead of the others buys nothing until the batch shrinks. With R_b tokens left to row b,
-    the batch needs ``max_b R_b / E_b(k)`` more iterations at this k, and the policy maximises
-    ``sum_b R_b / (max_b R_b / E_b(k) * T(B, k))``: the tokens left over the time to finish them.
-    On the bundled pair at batch 16 the sum of the rows' tokens chose k = 4 (1.5x more tokens per
-    second than a plain step) and the batch ended 4% behind the target alone: speculation spread
-    the rows apart and the tail of a few slow rows ran at 50-60 ms an iteration.
+    runs ahead of the others buys nothing until it leaves the batch. With R_b tokens left to row
+    b, it is done after n_b = R_b / E_b(k) more iterations at this k; in the order they finish,
+    the batch runs n_(1) iterations at T(B, k), then n_(2) - n_(1) at T(B - 1, k), and so on
+    (each batch size's own cost model), and the policy maximises ``sum_b R_b`` over that time:
+    the tokens left over the time to finish them. On the bundled pair at batch 16 the sum of the
+    rows' tokens chose k = 4 (1.5x more tokens per second than a plain step) and the batch ended
+    4% behind the target alone: speculation spread the rows apart and the tail of a few slow rows
+    ran at 50-60 ms an iteration. Until stop 41 the whole makespan was priced at B rows, which
+    overcharged drafting for its tail (where fewer rows cost less): in the batch replay pricing
+    the tail moved prompt lookup at batch 16 from 0.995 to 1.020 of the best constant k and the
+    draft model from 0.985-0.987 to 0.990-0.994 at batch 4 and 16.
   - ``throughput``: ``sum_b E_b(k) / T(B, k)``, the rows' tokens per second now; right where
     finished rows are replaced at once (a server's continuous batching). The same for one row.
 
@@ -199,13 +211,17 @@ def _logit(p: float) -> float:
     return math.log(p / (1 - p))
 
 
+def _sigmoid(x: float) -> float:
+    return 1 / (1 + math.exp(-x))
+
+
 def _acceptance_by_position(alpha: float, depth: int, shift: list[float] | None) -> list[float]:
     """A row's acceptance at draft positions 1 .. ``depth``: ``alpha`` itself (the geometric model), or
     the pooled profile's log-odds ``shift`` per position added to alpha's."""
     if shift is None:
         return [alpha] * depth
     row = _logit(alpha)
-    return [1 / (1 + math.exp(-(s + row))) for s in shift[:depth]]
+    return [_sigmoid(s + row) for s in shift[:depth]]
 
 
 def _callable(instance, attribute, value):
@@ -250,6 +266,7 @@ class CostFit:
     weight: dict[int, float] = attrs.field(factory=dict)  # k -> sum of decayed weights
     mean: dict[int, float] = attrs.field(factory=dict)  # k -> weighted mean seconds (at load 1)
     load: float = 1.0  # how much slower than the cells every iteration runs now (shared machines)
+    changes: int = 0  # iterations added: what the policy's cache of predicted costs is stamped with
 
     # A k's own cell weighs against the line's prediction for it as if the line were this many
     # observations of k.
@@ -269,6 +286,7 @@ class CostFit:
                 self.load += load_rate * (seconds / predicted[k] - self.load)
             seconds = seconds / self.load
         _add_decayed(self.weight, self.mean, k, seconds, decay)
+        self.changes += 1
 
     def _cells(self, floor: float, speculative_only: bool = False):
         return [(k, self.weight[k], self.mean[k]) for k in self.weight
@@ -381,6 +399,11 @@ def bucket_of(batch: int) -> int:
     return batch if batch <= 4 else 100 + round(2 * math.log2(batch))
 
 
+def generated_bucket(generated: int) -> int:
+    """Tokens a row has generated, in octaves: 0-7, 8-15, 16-31, 32-63, ..."""
+    return 0 if generated < 8 else generated.bit_length() - 3
+
+
 @attrs.frozen
 class Decision:
     """What the policy chose at one lookahead, and why."""
@@ -423,18 +446,27 @@ class CostAwareLookahead(LookaheadPolicy):
     decision: Decision | None = attrs.field(default=None, init=False, repr=False)
     requested: torch.Tensor | None = attrs.field(default=None, init=False, repr=False)  # [B] last asked per row
     _fits: dict[int, CostFit] = attrs.field(factory=dict, init=False, repr=False)
+    _costs_cache: dict[int, dict[int, float] | None] = attrs.field(factory=dict, init=False, repr=False)  # cost_model's
+    _costs_stamp: int = attrs.field(default=-1, init=False, repr=False)  # the fits' changes it was computed at
     # [R] decayed accepted drafts and rejections per request row. Plain floats: the policy runs on the
     # host every iteration, where a handful of Python numbers cost less than a tensor op each.
     _success: list[float] | None = attrs.field(default=None, init=False, repr=False)
     _failure: list[float] | None = attrs.field(default=None, init=False, repr=False)
-    # [R] [accepted, rejections] of each row over its whole request, aged only when it drafts (at the
-    # pool's pace): what the recent counts above age back to while the row does not draft.
+    # [R] the same counts' expected accepted drafts, had the row accepted at the pooled rate of where
+    # it was in its text (``_by_generated``) when it drafted: what its counts are measured against.
+    _expected: list[float] | None = attrs.field(default=None, init=False, repr=False)
+    # [R] [accepted, rejections, expected accepted] of each row over its whole request, aged only when
+    # it drafts (at the pool's pace): what the recent counts above age back to while it does not draft.
     _row_history: list[list[float]] | None = attrs.field(default=None, init=False, repr=False)
+    _generated: list[int] | None = attrs.field(default=None, init=False, repr=False)  # [R] at the last lookahead
     # How much rows really differ, from finished requests' rows: decayed [weight, sum of the squared
     # deviation of a row's rate from the pool less its sampling variance]. It sets how far a row's
     # history leans on the pool (few pseudo-counts where rows differ, many where they are alike).
     _spread: list[float] = attrs.field(factory=lambda: [0.0, 0.0], init=False, repr=False)
     _pool: list = attrs.field(factory=lambda: [0.0, 0.0], init=False, repr=False)  # decayed [accepted, rejections]
+    # generated_bucket -> decayed [accepted, rejections] of rows that drafted with that many tokens
+    # generated (kept across requests; each bucket ages only as it gets newer counts)
+    _by_generated: dict[int, list[float]] = attrs.field(factory=dict, init=False, repr=False)
     # [max_k] decayed drafts (per row and step, pooled like _pool) that reached position j + 1, every
     # draft before them accepted, and those accepted there: the conditional acceptance profile.
     _reached: np.ndarray = attrs.field(default=attrs.Factory(lambda self: np.zeros(self.max_k), takes_self=True),
@@ -480,20 +512,52 @@ class CostAwareLookahead(LookaheadPolicy):
         strength = self.prior_strength
         return (success + strength * self.prior_alpha) / (success + failure + strength) if success + failure + strength else self.prior_alpha
 
+    def pooled_at(self, generated: int) -> float:
+        """The pooled acceptance of rows that had generated about ``generated`` tokens."""
+        profile = self._generated_profile()
+        return profile[min(generated_bucket(generated), len(profile) - 1)]
+
+    def _generated_profile(self) -> list[float]:
+        """The pooled acceptance per octave of tokens generated (``generated_bucket``), up to the last
+        octave counted: each octave's counts on ``prior_strength`` pseudo-counts of the octave before
+        it (the first octave's: of ``pooled_alpha``), so an octave not counted yet reads as the last
+        one that was."""
+        rate, strength, profile = self.pooled_alpha(), self.prior_strength, []
+        for bucket in range(max(self._by_generated, default=0) + 1):
+            success, failure = self._by_generated.get(bucket, (0.0, 0.0))
+            if success + failure + strength > 0:
+                rate = (success + strength * rate) / (success + failure + strength)
+            profile.append(_clip(rate))
+        return profile
+
     def row_alpha(self, rows: torch.Tensor) -> torch.Tensor:
         """[B] float64: each row's acceptance, its own counts on a prior of ``prior_strength`` pooled pseudo-counts."""
         return torch.tensor(self._row_alphas(rows.tolist()), dtype=torch.float64)
 
     def _row_alphas(self, rows: list[int]) -> list[float]:
-        pooled = self.pooled_alpha()
+        """Each row's acceptance where it is now. A row's counts are read against what the pool
+        accepted where the row drafted (its expected accepted drafts): their log-odds above that
+        are the row's own, carried to the pooled acceptance where it is now. Prompt lookup accepts
+        more the more text a row has generated (on the bundled pair 0.18 of its first 8 tokens'
+        drafts, 0.42 at 16-31, 0.76 at 48-63): read against the pool as a whole, a row's early
+        failures made it look worse than it then was, and at batch 4 the policy ran 0.89 of
+        constant k = 1 (``docs/benchmarks.md``, stop 41). Where acceptance does not move along the
+        text, this is each row's counts on a Beta prior of the pooled rate, as before."""
         strength = max(self.prior_strength, 1e-6)
         lean = self.history_strength()
-        success, failure, history = self._success, self._failure, self._row_history
+        success, failure, expected, history = self._success, self._failure, self._expected, self._row_history
+        profile = self._generated_profile()
         alphas = []
         for r in rows:
-            kept, missed = history[r]
-            own = (kept + lean * pooled) / (kept + missed + lean)
-            alphas.append(_clip((success[r] + strength * own) / (success[r] + failure[r] + strength)))
+            here = profile[min(generated_bucket(self._generated[r]), len(profile) - 1)]
+            kept, missed, kept_expected = history[r]
+            seen = kept + missed
+            reference = _clip(kept_expected / seen) if seen > 0 else here
+            above = _logit(_clip((kept + lean * reference) / (seen + lean))) - _logit(reference)  # the request's
+            seen = success[r] + failure[r]
+            reference = _clip(expected[r] / seen) if seen > 1e-9 else here
+            recent = (success[r] + strength * _sigmoid(_logit(reference) + above)) / (seen + strength)
+            alphas.append(_clip(_sigmoid(_logit(here) + _logit(_clip(recent)) - _logit(reference))))
         return alphas
 
     def history_strength(self) -> float:
@@ -513,14 +577,14 @@ class CostAwareLookahead(LookaheadPolicy):
         """Adds the finished request's rows (those with a few drafts' evidence) to ``_spread``."""
         if not self._row_history:
             return
-        pooled = _clip(self.pooled_alpha())
         weight, excess = self._spread
         weight, excess = weight * self.SPREAD_DECAY, excess * self.SPREAD_DECAY
-        for kept, missed in self._row_history:
+        for kept, missed, kept_expected in self._row_history:
             seen = kept + missed
-            if seen >= 4:
+            if seen >= 4:  # against what the pool accepted where the row drafted
+                reference = _clip(kept_expected / seen)
                 weight += 1.0
-                excess += (kept / seen - pooled) ** 2 - pooled * (1 - pooled) / seen
+                excess += (kept / seen - reference) ** 2 - reference * (1 - reference) / seen
         self._spread = [weight, excess]
 
     def _position_shift(self) -> list[float] | None:
@@ -565,7 +629,17 @@ class CostAwareLookahead(LookaheadPolicy):
 
     def cost_model(self, batch: int) -> dict[int, float] | None:
         """k -> predicted seconds of an iteration of ``batch`` rows (k = 0..max_k), from
-        this bucket's fit, or the nearest fitted bucket's scaled to this one's own point if it has one."""
+        this bucket's fit, or the nearest fitted bucket's scaled to this one's own point if it has one.
+        Kept until a fit changes: the makespan asks for every smaller batch's at each iteration."""
+        stamp = sum(fit.changes + 1 for fit in self._fits.values())  # grows with every iteration timed
+        if self._costs_stamp != stamp:
+            self._costs_stamp, self._costs_cache = stamp, {}
+        bucket = bucket_of(batch)
+        if bucket not in self._costs_cache:
+            self._costs_cache[bucket] = self._fitted_costs(batch)
+        return self._costs_cache[bucket]
+
+    def _fitted_costs(self, batch: int) -> dict[int, float] | None:
         ks = list(range(self.max_k + 1))  # every width a capped row may end at
         fit = self._fits.get(bucket_of(batch))
         costs = fit.costs(ks) if fit is not None else None
@@ -584,14 +658,19 @@ class CostAwareLookahead(LookaheadPolicy):
             costs = {kk: c * scale for kk, c in costs.items()}
         return costs
 
-    def goodput(self, alpha, budget, costs: dict[int, float]) -> dict[int, float]:
+    def goodput(self, alpha, budget, costs: dict[int, float],
+                fewer: Callable[[int], dict[int, float] | None] | None = None) -> dict[int, float]:
         """k -> expected committed tokens per second for the batch. ``alpha`` and ``budget`` are [B]
-        sequences (lists, tensors): each row's acceptance and the drafts it may still make.
+        sequences (lists, tensors): each row's acceptance and the drafts it may still make;
+        ``costs`` the seconds of an iteration of these B rows by k, ``fewer(b)`` those of b < B rows
+        (None, or returning None: as B's).
 
         ``throughput``: the rows' expected tokens per iteration over its time. ``makespan``: the
-        batch's remaining tokens over the time to finish them all at this k, where the batch lasts
-        as many iterations as its slowest row needs (remaining tokens / expected tokens per
-        iteration). Both agree on a single row."""
+        batch's remaining tokens over the time to finish them all at this k. Row b is done after
+        (remaining tokens / expected tokens per iteration) iterations; the batch runs at B rows until
+        the first row is done, then at B - 1 until the next, and so on: a row that runs ahead of the
+        others buys nothing until it leaves, and then every iteration of the rest is cheaper. Both
+        agree on a single row."""
         alphas = alpha.tolist() if hasattr(alpha, "tolist") else list(alpha)
         budgets = [int(b) for b in (budget.tolist() if hasattr(budget, "tolist") else budget)]
         shift = self._position_shift()
@@ -599,15 +678,27 @@ class CostAwareLookahead(LookaheadPolicy):
         widest = max(budgets, default=0)
         makespan = self.objective == "makespan" and by_depth
         remaining = sum(budgets) + len(budgets)  # tokens the rows may still commit, this iteration's included
+        rows, least = len(budgets), min(budgets, default=0)
+        # stretch i of the makespan runs with rows - i rows
+        stretches = [costs, *((fewer(rows - i) or costs) if fewer is not None else costs
+                              for i in range(1, rows if makespan else 1))]
         gains = {}
         for k in [0, *range(self.min_k, self.max_k + 1)]:
-            seconds = costs[min(k, widest)]  # the verify and the draft run to the widest row
             tokens = [row[min(k, len(row) - 1)] for row in by_depth]
             if makespan:  # a row commits at most what remains: at least one iteration
-                iterations = max((b + 1) / t for b, t in zip(budgets, tokens))
-                gains[k] = remaining / (iterations * seconds)
+                done = sorted(zip([(b + 1) / t for b, t in zip(budgets, tokens)], budgets))
+                widths = [k] * rows  # the verify and the draft run to the widest row still decoding
+                if k > least:
+                    widest_left = 0
+                    for i in range(rows - 1, -1, -1):
+                        widest_left = widths[i] = max(min(k, done[i][1]), widest_left)
+                seconds = before = 0.0
+                for (iterations, _), width, at in zip(done, widths, stretches):
+                    seconds += (iterations - before) * at[width]
+                    before = iterations
+                gains[k] = remaining / seconds
             else:
-                gains[k] = sum(tokens) / seconds
+                gains[k] = sum(tokens) / costs[min(k, widest)]  # the verify and the draft run to the widest row
         return gains
 
     # --- the hooks -------------------------------------------------------------------------------
@@ -617,7 +708,9 @@ class CostAwareLookahead(LookaheadPolicy):
         self._fold_spread()
         self._success = [0.0] * state.batch_size
         self._failure = [0.0] * state.batch_size
-        self._row_history = [[0.0, 0.0] for _ in range(state.batch_size)]
+        self._expected = [0.0] * state.batch_size
+        self._row_history = [[0.0, 0.0, 0.0] for _ in range(state.batch_size)]
+        self._generated = [0] * state.batch_size
         self._pending = None
         self._row_cuts = 0
         self._drafted = self._drafted_in_request = False
@@ -644,10 +737,15 @@ class CostAwareLookahead(LookaheadPolicy):
             return Decision(k=k, best_k=k, probing=True, batch=batch)
         warm = costs
         resume = self._catch_up(bucket_of(batch), first_read=False)
-        if resume:  # drafting now first pays the drafter's catch-up
-            price = resume / self._stretch_length(bucket_of(batch))  # once for the stretch it buys
-            costs = {k: seconds + price if k > 0 else seconds for k, seconds in costs.items()}
-        gains = self.goodput(alpha, budget, costs)
+        price = resume / self._stretch_length(bucket_of(batch)) if resume else 0.0  # once for the stretch it buys
+
+        def priced(seconds: dict[int, float] | None) -> dict[int, float] | None:
+            """Drafting now first pays the drafter's catch-up."""
+            return seconds if not price or seconds is None else \
+                {k: c + price if k > 0 else c for k, c in seconds.items()}
+
+        costs = priced(costs)
+        gains = self.goodput(alpha, budget, costs, lambda rows: priced(self.cost_model(rows)))
         best = max(gains, key=lambda k: (gains[k], -k))
         if best > 0 and batch > 1 and not self._drafted and gains[best] < gains[0] * (1 + self.resume_margin):
             best = 0
@@ -709,6 +807,8 @@ class CostAwareLookahead(LookaheadPolicy):
         rows = state.rows_host.tolist()
         batch = len(rows)
         budget = [max(left - 1, 0) for left in state.remaining_host().tolist()]  # drafts each row may still make
+        for row, generated in zip(rows, state.generated_host().tolist()):
+            self._generated[row] = generated
         self._iteration = state.iteration
         self.decision = self.choose(batch, self._row_alphas(rows) if alpha is None else alpha, budget)
         if self.alternatives == "auto":
@@ -846,14 +946,17 @@ class CostAwareLookahead(LookaheadPolicy):
         # drafts) instead of staying at k = 0 until a probe; a row bad throughout stays bad.
         self._count_alternatives(step)
         decay, success, failure, history = self.alpha_decay, self._success, self._failure, self._row_history
+        expected, profile = self._expected, self._generated_profile()
         pool_decay = self.alpha_decay ** (1 / 16)  # the pooled estimate moves slower than a row's
         counted: list[tuple[int, float]] = []  # (accepted, rejected) of each row asked to draft
+        by_generated: dict[int, list[float]] = {}  # generated_bucket -> [accepted, rejected, rows] this step
         credit = self.alternatives == "always"
         for row, asked, drafted, accepted, appended in zip(step.rows_host.tolist(), requested.tolist(),
                                                            step.drafted_host.tolist(), step.accepted_host.tolist(),
                                                            step.appended_host.tolist()):
             success[row] *= decay
             failure[row] *= decay
+            expected[row] *= decay
             if asked > 0:
                 # Read at every draft ("always"), a taken first-position alternative (0 drafts kept, 2
                 # tokens appended) gains what an accepted first draft gains: counted as one, the
@@ -865,17 +968,27 @@ class CostAwareLookahead(LookaheadPolicy):
                 # much to copy), was not wrong about any token; a row that drafted nothing, or had a
                 # token rejected, failed.
                 rejected = 1.0 if drafted == 0 or accepted < drafted else 0.0
+                bucket = generated_bucket(self._generated[row])
+                here = profile[min(bucket, len(profile) - 1)] * (accepted + rejected)  # the pool's accepted
                 success[row] += accepted
                 failure[row] += rejected
+                expected[row] += here
                 own = history[row]
                 own[0] = own[0] * pool_decay + accepted
                 own[1] = own[1] * pool_decay + rejected
+                own[2] = own[2] * pool_decay + here
                 counted.append((accepted, rejected))
+                tally = by_generated.setdefault(bucket, [0.0, 0.0, 0])
+                tally[0], tally[1], tally[2] = tally[0] + accepted, tally[1] + rejected, tally[2] + 1
         if not counted:
             return
         asked_rows = len(counted)
         self._pool[0] = self._pool[0] * pool_decay + sum(a for a, _ in counted) / asked_rows
         self._pool[1] = self._pool[1] * pool_decay + sum(r for _, r in counted) / asked_rows
+        for bucket, (accepted, rejected, rows) in by_generated.items():
+            pool = self._by_generated.setdefault(bucket, [0.0, 0.0])
+            pool[0] = pool[0] * pool_decay + accepted / rows
+            pool[1] = pool[1] * pool_decay + rejected / rows
         if not self.per_position:  # positions are counted only for the model that reads them
             return
         # Position j + 1 was reached by a row that accepted more than j drafts, or exactly j and
