@@ -553,7 +553,8 @@ class CostAwareLookahead(LookaheadPolicy):
             kept, missed, kept_expected = history[r]
             seen = kept + missed
             reference = _clip(kept_expected / seen) if seen > 0 else here
-            above = _logit(_clip((kept + lean * reference) / (seen + lean))) - _logit(reference)  # the request's
+            # the log-odds by which the row's request so far beat the pool where it drafted
+            above = _logit(_clip((kept + lean * reference) / (seen + lean))) - _logit(reference)
             seen = success[r] + failure[r]
             reference = _clip(expected[r] / seen) if seen > 1e-9 else here
             recent = (success[r] + strength * _sigmoid(_logit(reference) + above)) / (seen + strength)
