@@ -249,6 +249,15 @@ class TestChoice:
         fed(policy, 1, {3: 1.0}, repeats=1)
         assert policy.choose(1, torch.tensor([0.5]), torch.tensor([100])).k == 0  # then a plain step
 
+    def test_predicted_costs_follow_each_new_timing(self):
+        """cost_model keeps its answer between timings (the makespan asks for every smaller batch's at
+        each iteration) and drops it at the next one."""
+        policy = fed(CostAwareLookahead(), 4, {0: 10.0, 1: 11.0, 4: 14.0})
+        before = policy.cost_model(4)
+        assert policy.cost_model(4) is before
+        fed(policy, 4, {0: 20.0}, repeats=5)
+        assert policy.cost_model(4)[0] > before[0] + 5
+
     def test_a_new_bucket_borrows_the_nearest_fit(self):
         policy = fed(CostAwareLookahead(), 4, {0: 10.0, 1: 11.0, 4: 14.0})
         assert policy.cost_model(5) == pytest.approx(policy.cost_model(4))

@@ -404,6 +404,11 @@ def generated_bucket(generated: int) -> int:
     return 0 if generated < 8 else generated.bit_length() - 3
 
 
+def _read_profile(profile: list[float], bucket: int) -> float:
+    """The pooled acceptance at ``bucket`` of ``_generated_profile``; past its last octave, the last."""
+    return profile[min(bucket, len(profile) - 1)]
+
+
 @attrs.frozen
 class Decision:
     """What the policy chose at one lookahead, and why."""
@@ -514,8 +519,7 @@ class CostAwareLookahead(LookaheadPolicy):
 
     def pooled_at(self, generated: int) -> float:
         """The pooled acceptance of rows that had generated about ``generated`` tokens."""
-        profile = self._generated_profile()
-        return profile[min(generated_bucket(generated), len(profile) - 1)]
+        return _read_profile(self._generated_profile(), generated_bucket(generated))
 
     def _generated_profile(self) -> list[float]:
         """The pooled acceptance per octave of tokens generated (``generated_bucket``), up to the last
@@ -549,7 +553,7 @@ class CostAwareLookahead(LookaheadPolicy):
         profile = self._generated_profile()
         alphas = []
         for r in rows:
-            here = profile[min(generated_bucket(self._generated[r]), len(profile) - 1)]
+            here = _read_profile(profile, generated_bucket(self._generated[r]))
             kept, missed, kept_expected = history[r]
             seen = kept + missed
             reference = _clip(kept_expected / seen) if seen > 0 else here
@@ -970,7 +974,7 @@ class CostAwareLookahead(LookaheadPolicy):
                 # token rejected, failed.
                 rejected = 1.0 if drafted == 0 or accepted < drafted else 0.0
                 bucket = generated_bucket(self._generated[row])
-                here = profile[min(bucket, len(profile) - 1)] * (accepted + rejected)  # the pool's accepted
+                here = _read_profile(profile, bucket) * (accepted + rejected)  # the pool's accepted
                 success[row] += accepted
                 failure[row] += rejected
                 expected[row] += here
