@@ -120,8 +120,7 @@ class CostAware:
 
     def lookahead(self, active, budgets, generated):
         self.state.rows_host = torch.tensor(active)
-        self.state.remaining_host = lambda: torch.tensor([b + 1 for b in budgets])
-        self.state.generated_host = lambda: torch.tensor(generated)
+        self.state.progress_host = lambda: (list(generated), [b + 1 for b in budgets])
         return int(self.policy.lookahead(self.state)[0])
 
     def observe(self, active, drafted, accepted, seconds, cut):
@@ -151,7 +150,7 @@ def replay_batched(records, batch_size: int, cost: CostTable, policy) -> tuple[f
                 m = min(offered, k, budget)
                 drafted.append(m)
                 accepted.append(min(run, m))
-            seconds = cost(len(active), max(min(k, budget) for budget in budgets))
+            seconds = cost(len(active), max(drafted))  # the verify is as wide as the widest draft
             for b, a in zip(active, accepted):
                 position[b] += a + 1
             tokens += sum(accepted) + len(active)

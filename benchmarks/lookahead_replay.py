@@ -7,7 +7,8 @@ position is a fact of the text, not of the run: one teacher-forced pass of the d
 the target's output (prompt lookup on its prefixes) gives, for every position, how many drafts in
 a row the target would accept from there. A policy then replays on that record: each iteration
 it picks k, commits ``min(run, k) + 1`` tokens (ngram: at most what the lookup found, plus one)
-and pays ``T(k)`` from a table of iteration costs, measured once in the loop
+and pays ``T(width)`` for the width it drafted (prompt lookup's draft is as wide as what it found;
+until stop 42 the replay charged ``T(k)``, overcharging prompt lookup) from a table of iteration costs, measured once in the loop
 (``--measure``) or given (``--costs``). Tokens per unit of cost, against the best constant k in
 hindsight and a per-iteration oracle, say how well a k choice follows the acceptance, with the
 same costs for every contender and no noise between runs. ``cost-aware`` itself is replayed (at
@@ -110,10 +111,10 @@ def replay(records, costs: list[float], policy) -> tuple[float, float, int]:
             if policy.pays_for_width:  # a confidence stop: the width it drafted, not its cap
                 k = drafted
             accepted = min(run, drafted)
-            policy.observe(k, drafted, accepted, costs[k])
+            policy.observe(k, drafted, accepted, costs[drafted])  # the verify is as wide as the draft
             position += accepted + 1
             tokens += accepted + 1
-            cost += costs[k]
+            cost += costs[drafted]
             iterations += 1
     return tokens, cost, iterations
 
@@ -168,8 +169,7 @@ class CostAware(Constant):
     def begin(self):
         self.state = SimpleNamespace(batch_size=1, rows_host=torch.zeros(1, dtype=torch.long), row_cuts=0,
                                      iteration=0, verify_alternatives=True, left=0, generated=0)
-        self.state.remaining_host = lambda: torch.tensor([self.state.left])
-        self.state.generated_host = lambda: torch.tensor([self.state.generated])
+        self.state.progress_host = lambda: ([self.state.generated], [self.state.left])
         self.policy.begin(self.state, None)
 
     def lookahead(self, budget):
@@ -200,7 +200,8 @@ def oracle_rate(records, costs, max_k) -> float:
                 options = []
                 for k in range(0, min(max_k, n - i - 1) + 1):
                     step = min(run, min(offered, k)) + 1
-                    options.append((step - lam * costs[k] + value[min(i + step, n)], step, costs[k]))
+                    width = min(offered, k)
+                    options.append((step - lam * costs[width] + value[min(i + step, n)], step, costs[width]))
                 value[i], step, c = max(options)
                 choice[i] = (step, c)
             i = 0

@@ -73,8 +73,7 @@ def fake_state(batch: int, remaining: int = 100):
     rows = torch.arange(batch)
     return SimpleNamespace(
         batch_size=batch, active=batch, rows_host=rows, iteration=1, row_cuts=0,
-        remaining_host=lambda: torch.full((batch,), remaining),
-        generated_host=lambda: torch.zeros(batch, dtype=torch.long),
+        progress_host=lambda: ([0] * batch, [remaining] * batch),
     )
 
 
@@ -304,6 +303,50 @@ class TestTiming:
         # iteration 0 (prompt) not recorded; 1 and 2 were k = 4 then k = 0 (exploration), 2.5 s each
         assert {k: fit.mean[k] for k in fit.mean} == pytest.approx({4: 2.5, 0: 2.5})
 
+    def test_an_iteration_in_which_no_row_got_a_draft_is_timed_as_a_plain_step(self):
+        """Prompt lookup that finds nothing to copy drafts nothing: the iteration asked for k ran as a
+        plain step, so its time goes to k = 0, and the cost of asking for k is a drafted
+        iteration's mixed with a plain step's by how often that happens."""
+        now = [0.0]
+        policy = CostAwareLookahead(clock=lambda: now[0], load_rate=0.0, probe_rate=0.0, initial_k=2)
+        state = fake_state(1)
+        policy.begin(state, None)
+        found = [True, False, True, False, True, False, True, False]
+        for iteration, match in enumerate(found):
+            state.iteration = iteration
+            policy.lookahead(state)  # exploring: k = 2, then one plain step, then its own choice
+            asked = policy.decision.k
+            now[0] += 3.0 if asked and match else 2.0  # a drafted iteration, or a plain step
+            drafted = 2 if asked and match else 0
+            policy.on_step(state, step_of([0], [drafted], [1 if drafted else 0]))
+        fit = policy._fits[1]
+        drafted_widths = {k for k in fit.mean if k > 0}
+        assert drafted_widths and all(fit.mean[k] == pytest.approx(3.0) for k in drafted_widths) and fit.mean[0] == pytest.approx(2.0)
+        weight, none = policy._unproposed[1]
+        assert 0 < none < 1 and policy.proposal_rate(0) == pytest.approx(1 - none, abs=0.05)
+        asked, drafted = policy.asked_costs(1), policy.cost_model(1)
+        assert asked[0] == drafted[0] == pytest.approx(2.0)
+        for k in drafted_widths:
+            assert asked[k] == pytest.approx(none * 2.0 + (1 - none) * drafted[k])
+
+    def test_without_a_draft_asking_costs_nothing_so_a_lone_row_weighs_what_a_draft_buys(self):
+        """A lone row's choice is whether a draft, when there is one, is worth its iteration: how often
+        the drafter proposes nothing scales the gain and the price alike. Counted as rejections
+        (until stop 42), the same drafts looked worse than a plain step."""
+        policy = fed(CostAwareLookahead(max_k=2), 1, {0: 10.0, 1: 12.0, 2: 14.0})
+        alpha, budget = [0.3], [50]  # a draft accepted 30% of the time pays 1.3 tokens for 1.2 steps
+        for share in (0.0, 0.5, 0.9):
+            policy._unproposed[1] = [50.0, share]
+            policy._costs_stamp = -1
+            gains = policy.choose(1, alpha, budget, proposes=[1 - share]).goodput
+            assert gains[1] > gains[0]
+            assert gains[1] / gains[0] == pytest.approx((1 + (1 - share) * 0.3) / (1 + (1 - share) * 0.2))
+        # Counted as rejections, half the iterations without a draft make it 0.15: a plain step wins.
+        policy._unproposed.clear()
+        policy._costs_stamp = -1
+        gains = policy.choose(1, [0.15], budget).goodput
+        assert gains[0] > gains[1]
+
     def test_drafting_after_a_plain_step_is_not_recorded(self):
         """The drafter's catch-up on the tokens it sat out is a one-off, not the cost of k."""
         now = [0.0]
@@ -387,14 +430,38 @@ class TestAcceptance:
             assert alpha[row] == pytest.approx(_sigmoid(_logit(here) + _logit(recent) - _logit(reference)))
         assert alpha[0] > 0.8 > alpha[1]
 
-    def test_a_draft_short_of_what_was_asked_counts_as_a_rejection(self):
-        """An n-gram drafter may find nothing to propose: the row was asked for k and got 0 tokens."""
+    def test_a_row_that_got_no_draft_is_not_counted(self):
+        """An n-gram drafter may find nothing to propose: the row was asked for k and got 0 tokens.
+        That says nothing about what it proposes, and costs a plain step: it is counted in the share
+        of rows without a draft, not as a rejection."""
         policy = CostAwareLookahead(clock=lambda: 0.0)
-        state = fake_state(1)
+        state = fake_state(2)
         policy.begin(state, None)
         policy.lookahead(state)
-        policy.on_step(state, step_of([0], [0], [0]))
-        assert policy._failure == [1.0]
+        policy.on_step(state, step_of([0, 1], [0, 2], [0, 1]))
+        assert policy._success == [0.0, 1.0] and policy._failure == [0.0, 1.0]
+        assert policy._unproposed[2] == [1.0, 0.0]  # the iteration drafted: not a plain step
+        assert policy.proposal_rate(0) == pytest.approx(0.5, abs=0.01)  # one row of two got none
+        assert policy.proposal_rate(40) == 1.0  # an octave not counted yet: asking is how it learns
+
+    def test_how_often_a_row_gets_no_draft_is_read_where_it_is_in_its_text(self):
+        """Prompt lookup has little to copy early in a text: the share of rows without a draft is
+        kept per octave of tokens generated, and a row's expected tokens follow where it is."""
+        policy = CostAwareLookahead(clock=lambda: 0.0, probe_rate=0.0, initial_k=2)
+        state = fake_state(1)
+        generated = [0]
+        state.progress_host = lambda: (list(generated), [100 - generated[0]])
+        policy.begin(state, None)
+        for done, found in ((0, 0.2), (40, 0.9)):
+            generated[0] = done
+            for step in range(40):
+                policy.lookahead(state)
+                got = step % 10 < 10 * found
+                policy.on_step(state, step_of([0], [2 if got else 0], [1 if got else 0]))
+        assert policy.proposal_rate(3) < 0.35 and policy.proposal_rate(40) > 0.75
+        early, late = policy.row_tokens([0.5, 0.5], proposes=[policy.proposal_rate(3), policy.proposal_rate(40)])
+        assert early[1] == pytest.approx(1 + 0.5 * policy.proposal_rate(3))
+        assert late[2] == pytest.approx(1 + (0.5 + 0.25) * policy.proposal_rate(40))
 
     def test_a_short_draft_accepted_whole_is_not_a_failure(self):
         """Prompt lookup found 2 tokens to copy where 4 were asked, and both were right."""
@@ -485,14 +552,14 @@ class TestAcceptance:
         assert [generated_bucket(g) for g in (0, 7, 8, 15, 16, 31, 32, 63, 64, 1000)] == [0, 0, 1, 1, 2, 2, 3, 3, 4, 7]
         policy = CostAwareLookahead(clock=lambda: 0.0, probe_rate=0.0)
         state = fake_state(2)
-        generated = torch.zeros(2, dtype=torch.long)
-        state.generated_host = lambda: generated.clone()
+        generated = [0, 0]
+        state.progress_host = lambda: (list(generated), [100 - g for g in generated])
         policy.begin(state, None)
         policy._by_generated = {0: [20.0, 80.0], 3: [40.0, 10.0]}  # earlier requests: 0.2 early, 0.8 at 32-63
         policy.lookahead(state)
         for step in range(30):  # one-token drafts in the first 8 tokens: row 0 accepts 1 in 5, row 1 none
             policy.on_step(state, step_of([0, 1], [1, 1], [int(step % 5 == 0), 0]))
-        generated[:] = 40
+        generated[:] = [40, 40]
         policy.lookahead(state)
         here = policy.pooled_at(40)
         assert here > 0.6 and policy.pooled_at(0) < 0.25
@@ -532,10 +599,11 @@ class TestAcceptanceByPosition:
         state = fake_state(3)
         policy.begin(state, None)
         policy.lookahead(state)  # k = 4 for every row
-        # Row 0 kept all 4; row 1 kept 1 of 3 (rejected at position 2); row 2 drafted nothing.
+        # Row 0 kept all 4; row 1 kept 1 of 3 (rejected at position 2); row 2 got no draft, which
+        # reaches no position (the share of rows without one says how often that happens).
         policy.on_step(state, step_of([0, 1, 2], [4, 3, 0], [4, 1, 0]))
-        assert policy._reached.tolist() == pytest.approx([3 / 3, 2 / 3, 1 / 3, 1 / 3])
-        assert policy._kept.tolist() == pytest.approx([2 / 3, 1 / 3, 1 / 3, 1 / 3])
+        assert policy._reached.tolist() == pytest.approx([2 / 2, 2 / 2, 1 / 2, 1 / 2])
+        assert policy._kept.tolist() == pytest.approx([2 / 2, 1 / 2, 1 / 2, 1 / 2])
 
     def test_a_short_draft_accepted_whole_reaches_no_further(self):
         """Prompt lookup copied 2 of the 4 asked, both right: positions 3 and 4 were never tried."""

@@ -71,8 +71,7 @@ def make_step(rows, target_probs) -> Step:
 def stop_state(batch: int):
     """What ``CostStop`` reads of a DecodeState."""
     return SimpleNamespace(batch_size=batch, active=batch, rows_host=torch.arange(batch), iteration=1, row_cuts=0,
-                           device=torch.device("cpu"), remaining_host=lambda: torch.full((batch,), 100),
-                           generated_host=lambda: torch.zeros(batch, dtype=torch.long))
+                           device=torch.device("cpu"), progress_host=lambda: ([0] * batch, [100] * batch))
 
 
 class WidthClock:

@@ -238,7 +238,7 @@ class SpeculativeDecoder:
         wishes = wish.tolist()  # capped on the host: Python's integers are cheaper than tensor ops
         drafting = max(wishes, default=0) > 0
         if drafting:
-            caps = [max(min(want, left - 1), 0) for want, left in zip(wishes, state.remaining_host().tolist())]
+            caps = [max(min(want, left - 1), 0) for want, left in zip(wishes, state.progress_host()[1])]
             drafting = max(caps) > 0
             max_tokens = torch.tensor(caps)
         if timers:

@@ -23,8 +23,17 @@ forward passes and no host syncs of its own:
 * **Acceptance.** Each row's per-position acceptance alpha is estimated from what it drafted and
   what the target kept, accounting for truncation: a draft of m that was accepted in full says
   "m successes, no failure" (alpha is high, not m/m), also when m is short of the k asked (prompt
-  lookup found only m tokens to copy); a draft cut at its first rejection, or no draft at all,
-  says "accepted successes, one failure". Two levels of Beta prior: a row's recent counts, decayed
+  lookup found only m tokens to copy); a draft cut at its first rejection says "accepted
+  successes, one failure". A row that was asked and got no draft at all (prompt lookup found
+  nothing to copy) is not counted: it says nothing about what the drafter proposes, and it cost
+  nothing beyond a plain step. The share of such rows, pooled per octave of tokens generated like
+  the acceptance (early in a text prompt lookup has less to copy), scales the tokens a row is
+  expected to gain (``proposal_rate``); an iteration in which no row got a draft is timed as the
+  plain step it was, and the share of such iterations per batch-size bucket mixes a plain step into
+  the cost of asking for each k (``asked_costs``).
+  Counted as rejections and timed as k, half the iterations of prompt lookup's sampled batch-1
+  texts made drafting look like a loss where constant k = 1 and 2 ran 4-7% ahead of plain steps
+  (``docs/benchmarks.md``, stop 42). Two levels of Beta prior: a row's recent counts, decayed
   by ``alpha_decay`` per step so a row follows the text it is in, lean on the row's counts over its
   whole request so far (aged only when it drafts), and those lean on the pooled acceptance of all
   rows (kept across requests) where the row is in its text: the pool is kept per octave of tokens
@@ -267,6 +276,7 @@ class CostFit:
     mean: dict[int, float] = attrs.field(factory=dict)  # k -> weighted mean seconds (at load 1)
     load: float = 1.0  # how much slower than the cells every iteration runs now (shared machines)
     changes: int = 0  # iterations added: what the policy's cache of predicted costs is stamped with
+    _lines: tuple | None = attrs.field(default=None, eq=False, repr=False)  # (changes, floor, costs' lines)
 
     # A k's own cell weighs against the line's prediction for it as if the line were this many
     # observations of k.
@@ -297,12 +307,16 @@ class CostFit:
         """Weighted least squares (a, b) of T = a + b k through ``cells`` [(k, weight, mean)]."""
         if len({k for k, _, _ in cells}) < 2:
             return None
-        total = sum(w for _, w, _ in cells)
-        k_bar = sum(w * k for k, w, _ in cells) / total
-        t_bar = sum(w * t for _, w, t in cells) / total
-        sxx = sum(w * (k - k_bar) ** 2 for k, w, _ in cells)
-        sxy = sum(w * (k - k_bar) * (t - t_bar) for k, w, t in cells)
-        b = max(sxy / sxx, 0.0)  # drafting more never costs less; noise can say otherwise
+        total = sw_k = sw_t = sw_kk = sw_kt = 0.0  # one pass: the policy refits at every timing
+        for k, w, t in cells:
+            total += w
+            sw_k += w * k
+            sw_t += w * t
+            sw_kk += w * k * k
+            sw_kt += w * k * t
+        k_bar, t_bar = sw_k / total, sw_t / total
+        sxx, sxy = sw_kk - sw_k * k_bar, sw_kt - sw_k * t_bar
+        b = max(sxy / sxx, 0.0) if sxx > 0 else 0.0  # drafting more never costs less; noise can say otherwise
         a = t_bar - b * k_bar
         if a <= 0:  # noise: keep the fit through the weighted mean with a positive intercept
             a = max(t_bar * 1e-3, 1e-9)
@@ -317,11 +331,13 @@ class CostFit:
         the line ``a + b k`` is fitted on the k >= 1 cells when two of them were; otherwise one
         line through every cell. A k >= 1 with a cell of weight w costs ``(w mean + CELL_PRIOR
         line) / (w + CELL_PRIOR)``; one without, the line's ``a + b k``."""
-        cells = self._cells(floor)
-        everything = self._line(cells)
+        if self._lines is None or self._lines[:2] != (self.changes, floor):  # once per timing, not per call
+            everything = self._line(self._cells(floor))
+            speculative = everything and (self._line(self._cells(floor, speculative_only=True)) or everything)
+            self._lines = (self.changes, floor, everything, speculative)
+        everything, speculative = self._lines[2:]
         if everything is None:
             return None
-        speculative = self._line(self._cells(floor, speculative_only=True)) or everything
         plain = self.mean[0] if self.weight.get(0, 0.0) > floor else everything[0]
         a, b = speculative
         out = {}
@@ -451,7 +467,7 @@ class CostAwareLookahead(LookaheadPolicy):
     decision: Decision | None = attrs.field(default=None, init=False, repr=False)
     requested: torch.Tensor | None = attrs.field(default=None, init=False, repr=False)  # [B] last asked per row
     _fits: dict[int, CostFit] = attrs.field(factory=dict, init=False, repr=False)
-    _costs_cache: dict[int, dict[int, float] | None] = attrs.field(factory=dict, init=False, repr=False)  # cost_model's
+    _costs_cache: dict[int, tuple] = attrs.field(factory=dict, init=False, repr=False)  # bucket -> _costs'
     _costs_stamp: int = attrs.field(default=-1, init=False, repr=False)  # the fits' changes it was computed at
     # [R] decayed accepted drafts and rejections per request row. Plain floats: the policy runs on the
     # host every iteration, where a handful of Python numbers cost less than a tensor op each.
@@ -500,6 +516,13 @@ class CostAwareLookahead(LookaheadPolicy):
     # began with a resume count; a request's first, which pays no catch-up, would make it look cheap.
     _stretch: dict[int, list[float]] = attrs.field(factory=dict, init=False, repr=False)
     _run: tuple[int, int] | None = attrs.field(default=None, init=False, repr=False)  # (bucket, iterations) since a resume
+    # bucket -> [decayed weight, share] of the iterations that asked for drafts in which no row got
+    # one (prompt lookup found nothing to copy): they ran, and are timed, as plain steps
+    _unproposed: dict[int, list[float]] = attrs.field(factory=dict, init=False, repr=False)
+    # generated_bucket -> [decayed weight, share] of the rows asked for drafts that got none, with that
+    # many tokens generated (kept across requests): early in a text prompt lookup has less to copy
+    _unproposed_by_generated: dict[int, list[float]] = attrs.field(factory=dict, init=False, repr=False)
+    _width_set: bool = attrs.field(default=False, init=False, repr=False)  # time_at_width set this iteration's
     # bucket -> what first-position alternatives cost and buy there (kept across requests)
     _ledgers: dict[int, AlternativesLedger] = attrs.field(factory=dict, init=False, repr=False)
     _alt_pending: tuple | None = attrs.field(default=None, init=False, repr=False)  # (width, read) of the step in flight
@@ -604,18 +627,28 @@ class CostAwareLookahead(LookaheadPolicy):
         return [_logit(_clip((kept + strength * pooled) / (reached + strength))) - _logit(pooled)
                 for kept, reached in zip(self._kept.tolist(), self._reached.tolist())]
 
-    def _tokens_by_depth(self, alpha: float, depth: int, shift: list[float] | None) -> list[float]:
+    def _tokens_by_depth(self, alpha: float, depth: int, shift: list[float] | None,
+                         proposes: float = 1.0) -> list[float]:
         """The tokens a row of acceptance ``alpha`` is expected to commit when it drafts m = 0 ..
-        ``depth``: 1 + the sum over j <= m of P(drafts 1 .. j all accepted). Python floats: the
+        ``depth``: 1 + the sum over j <= m of P(drafts 1 .. j all accepted), times ``proposes``,
+        the chance that the drafter proposes anything (``proposal_rate``). Python floats: the
         policy runs on the host between two forwards, where a handful of float operations per
         row cost less than numpy's or torch's calls (measured in the loop: 15 against 96 us at
         batch 1, 48 against 179 us at batch 16)."""
-        tokens, reach, total = [1.0], 1.0, 1.0
+        tokens, reach, total = [1.0], proposes, 1.0
         for acceptance in _acceptance_by_position(_clip(alpha), depth, shift):
             reach *= acceptance
             total += reach
             tokens.append(total)
         return tokens
+
+    def proposal_rate(self, generated: int) -> float:
+        """The share of rows with about ``generated`` tokens generated that got a draft when asked
+        (1 for a model drafter). An octave not counted yet reads as 1: read as the octave before it,
+        where prompt lookup finds little to copy, a lone row took plain steps and never counted it
+        (0.975 of the best constant k in the batch-1 replay, 0.997 with 1; stop 42)."""
+        cell = self._unproposed_by_generated.get(generated_bucket(generated))
+        return 1.0 - cell[1] if cell is not None else 1.0
 
     def position_acceptance(self, alpha) -> np.ndarray:
         """[B, max_k]: the acceptance of each row's j-th draft, given that the drafts before it were
@@ -626,22 +659,37 @@ class CostAwareLookahead(LookaheadPolicy):
         rows = [_acceptance_by_position(_clip(float(a)), self.max_k, shift) for a in alpha]
         return np.array(rows).reshape(len(rows), self.max_k)
 
-    def row_tokens(self, alpha) -> np.ndarray:
-        """[B, max_k + 1]: the tokens each row is expected to commit when it drafts m = 0 .. max_k."""
-        shift = self._position_shift()
-        rows = [self._tokens_by_depth(float(a), self.max_k, shift) for a in alpha]
+    def row_tokens(self, alpha, proposes=None) -> np.ndarray:
+        """[B, max_k + 1]: the tokens each row is expected to commit when it drafts m = 0 .. max_k;
+        ``proposes`` [B], each row's ``proposal_rate`` (default 1)."""
+        shift, proposes = self._position_shift(), [1.0] * len(alpha) if proposes is None else list(proposes)
+        rows = [self._tokens_by_depth(float(a), self.max_k, shift, p) for a, p in zip(alpha, proposes)]
         return np.array(rows).reshape(len(rows), self.max_k + 1)
 
     def cost_model(self, batch: int) -> dict[int, float] | None:
-        """k -> predicted seconds of an iteration of ``batch`` rows (k = 0..max_k), from
-        this bucket's fit, or the nearest fitted bucket's scaled to this one's own point if it has one.
-        Kept until a fit changes: the makespan asks for every smaller batch's at each iteration."""
+        """Width -> predicted seconds of an iteration of ``batch`` rows that drafts that wide (0..max_k),
+        from this bucket's fit, or the nearest fitted bucket's scaled to this one's own point if it has one."""
+        return self._costs(batch)[0]
+
+    def asked_costs(self, batch: int) -> dict[int, float] | None:
+        """k -> predicted seconds of an iteration of ``batch`` rows that asks the drafter for k: where
+        it proposes nothing (prompt lookup finding no match; ``_count_unproposed``), a plain step."""
+        return self._costs(batch)[1]
+
+    def _costs(self, batch: int) -> tuple[dict[int, float] | None, dict[int, float] | None]:
+        """``cost_model`` and ``asked_costs``, kept until a fit changes or an iteration's draft is
+        counted: the makespan asks for every smaller batch's at each iteration."""
         stamp = sum(fit.changes + 1 for fit in self._fits.values())  # grows with every iteration timed
         if self._costs_stamp != stamp:
             self._costs_stamp, self._costs_cache = stamp, {}
         bucket = bucket_of(batch)
         if bucket not in self._costs_cache:
-            self._costs_cache[bucket] = self._fitted_costs(batch)
+            costs = self._fitted_costs(batch)
+            cell = self._unproposed.get(bucket)
+            share = cell[1] if cell is not None else 0.0
+            asked = costs if costs is None or share <= 0.0 else \
+                {k: c if k == 0 else share * costs[0] + (1 - share) * c for k, c in costs.items()}
+            self._costs_cache[bucket] = (costs, asked)
         return self._costs_cache[bucket]
 
     def _fitted_costs(self, batch: int) -> dict[int, float] | None:
@@ -664,11 +712,12 @@ class CostAwareLookahead(LookaheadPolicy):
         return costs
 
     def goodput(self, alpha, budget, costs: dict[int, float],
-                fewer: Callable[[int], dict[int, float] | None] | None = None) -> dict[int, float]:
+                fewer: Callable[[int], dict[int, float] | None] | None = None, proposes=None) -> dict[int, float]:
         """k -> expected committed tokens per second for the batch. ``alpha`` and ``budget`` are [B]
         sequences (lists, tensors): each row's acceptance and the drafts it may still make;
         ``costs`` the seconds of an iteration of these B rows by k, ``fewer(b)`` those of b < B rows
-        (None, or returning None: as B's).
+        (None, or returning None: as B's); ``proposes`` [B] the chance that each row gets a draft
+        when asked (``proposal_rate``; default 1).
 
         ``throughput``: the rows' expected tokens per iteration over its time. ``makespan``: the
         batch's remaining tokens over the time to finish them all at this k. Row b is done after
@@ -679,9 +728,10 @@ class CostAwareLookahead(LookaheadPolicy):
         alphas = alpha.tolist() if hasattr(alpha, "tolist") else list(alpha)
         budgets = [int(b) for b in (budget.tolist() if hasattr(budget, "tolist") else budget)]
         shift = self._position_shift()
-        by_depth = [self._tokens_by_depth(a, min(b, self.max_k), shift) for a, b in zip(alphas, budgets)]
+        proposes = [1.0] * len(budgets) if proposes is None else list(proposes)
+        by_depth = [self._tokens_by_depth(a, min(b, self.max_k), shift, p) for a, b, p in zip(alphas, budgets, proposes)]
         widest = max(budgets, default=0)
-        makespan = self.objective == "makespan" and by_depth
+        makespan = self.objective == "makespan" and len(by_depth) > 1  # for one row the two agree
         remaining = sum(budgets) + len(budgets)  # tokens the rows may still commit, this iteration's included
         rows, least = len(budgets), min(budgets, default=0)
         # stretch i of the makespan runs with rows - i rows
@@ -723,12 +773,13 @@ class CostAwareLookahead(LookaheadPolicy):
         self._alt_pending = None
         self.requested = None
 
-    def choose(self, batch: int, alpha, budget) -> Decision:
-        """The k for this iteration; ``alpha`` [B] is each row's acceptance and ``budget`` [B] how many
-        drafts it may still make (lists or tensors)."""
+    def choose(self, batch: int, alpha, budget, proposes=None) -> Decision:
+        """The k for this iteration; ``alpha`` [B] is each row's acceptance, ``budget`` [B] how many
+        drafts it may still make (lists or tensors) and ``proposes`` [B] the chance that it gets
+        one when asked (default 1)."""
         fit = self._fits.get(bucket_of(batch))
         single = fit.single() if fit is not None else None  # one k seen here: no fit of its own yet
-        costs = self.cost_model(batch)
+        costs = self.asked_costs(batch)
         if costs is None or single is not None:
             # Explore: the initial k, then one plain step (in whichever order the bucket met them),
             # so that every batch size measures its own shape; a neighbour's can be far off (on a
@@ -750,7 +801,7 @@ class CostAwareLookahead(LookaheadPolicy):
                 {k: c + price if k > 0 else c for k, c in seconds.items()}
 
         costs = priced(costs)
-        gains = self.goodput(alpha, budget, costs, lambda rows: priced(self.cost_model(rows)))
+        gains = self.goodput(alpha, budget, costs, lambda rows: priced(self.asked_costs(rows)), proposes)
         best = max(gains, key=lambda k: (gains[k], -k))
         if best > 0 and batch > 1 and not self._drafted and gains[best] < gains[0] * (1 + self.resume_margin):
             best = 0
@@ -811,11 +862,14 @@ class CostAwareLookahead(LookaheadPolicy):
         self._record(state.iteration, now)  # the previous iteration ends here
         rows = state.rows_host.tolist()
         batch = len(rows)
-        budget = [max(left - 1, 0) for left in state.remaining_host().tolist()]  # drafts each row may still make
-        for row, generated in zip(rows, state.generated_host().tolist()):
-            self._generated[row] = generated
+        generated, remaining = state.progress_host()
+        budget = [max(left - 1, 0) for left in remaining]  # drafts each row may still make
+        for row, done in zip(rows, generated):
+            self._generated[row] = done
         self._iteration = state.iteration
-        self.decision = self.choose(batch, self._row_alphas(rows) if alpha is None else alpha, budget)
+        self._width_set = False
+        proposes = [self.proposal_rate(done) for done in generated]
+        self.decision = self.choose(batch, self._row_alphas(rows) if alpha is None else alpha, budget, proposes)
         if self.alternatives == "auto":
             read = self._read_alternatives(batch, self.decision)
             self.decision = attrs.evolve(self.decision, alternatives=read)
@@ -895,6 +949,7 @@ class CostAwareLookahead(LookaheadPolicy):
         if self._pending is not None:
             iteration, batch, _, started, warm, first = self._pending
             self._pending = (iteration, batch, width, started, warm, first)
+        self._width_set = True
         if width == 0 and self._run is not None:  # a plain step after all: the stretch ended before it
             bucket, length = self._run
             self._run = (bucket, length - 1) if length > 1 else None
@@ -949,6 +1004,7 @@ class CostAwareLookahead(LookaheadPolicy):
         # recent evidence ages each step, drafting or not, so a row that stopped drafting after a bad
         # patch drifts back to what its whole request has shown (its history, aged only when it
         # drafts) instead of staying at k = 0 until a probe; a row bad throughout stays bad.
+        proposals = self._count_unproposed(step)
         self._count_alternatives(step)
         decay, success, failure, history = self.alpha_decay, self._success, self._failure, self._row_history
         expected, profile = self._expected, self._generated_profile()
@@ -962,6 +1018,11 @@ class CostAwareLookahead(LookaheadPolicy):
             success[row] *= decay
             failure[row] *= decay
             expected[row] *= decay
+            if asked > 0 and proposals:  # see _count_unproposed
+                _add_to_cell(self._unproposed_by_generated.setdefault(generated_bucket(self._generated[row]), [0.0, 0.0]),
+                             0.0 if drafted else 1.0, pool_decay)
+                if not drafted:
+                    continue
             if asked > 0:
                 # Read at every draft ("always"), a taken first-position alternative (0 drafts kept, 2
                 # tokens appended) gains what an accepted first draft gains: counted as one, the
@@ -970,8 +1031,8 @@ class CostAwareLookahead(LookaheadPolicy):
                 if credit and drafted:
                     accepted = max(accepted, appended - 1)
                 # A draft accepted whole, also one shorter than asked (prompt lookup found only so
-                # much to copy), was not wrong about any token; a row that drafted nothing, or had a
-                # token rejected, failed.
+                # much to copy), was not wrong about any token; a row whose draft a policy stopped
+                # before its first token (draft-confidence), or had a token rejected, failed.
                 rejected = 1.0 if drafted == 0 or accepted < drafted else 0.0
                 bucket = generated_bucket(self._generated[row])
                 here = _read_profile(profile, bucket) * (accepted + rejected)  # the pool's accepted
@@ -1004,6 +1065,22 @@ class CostAwareLookahead(LookaheadPolicy):
         reached = kept + ((accepted[:, None] == position) & (rejected[:, None] > 0)).sum(0)
         self._kept = self._kept * pool_decay + kept / asked_rows
         self._reached = self._reached * pool_decay + reached / asked_rows
+
+    def _count_unproposed(self, step) -> bool:
+        """Counts whether the iteration asked for drafts and no row got one (prompt lookup finding
+        nothing to copy; a model drafter always proposes what it is asked), and has such an
+        iteration timed as the plain step it was (see the module docstring, Acceptance). Returns
+        whether this iteration's empty drafts are the drafter's, not a policy's stop
+        (``time_at_width``), which the acceptance counts as rejections."""
+        pending = self._pending
+        if pending is None or self._width_set or pending[2] == 0:
+            return False
+        none = not any(drafted for asked, drafted in zip(self.requested.tolist(), step.drafted_host.tolist()) if asked)
+        _add_to_cell(self._unproposed.setdefault(bucket_of(pending[1]), [0.0, 0.0]), 1.0 if none else 0.0, self.decay)
+        self._costs_stamp = -1  # the share moved
+        if none:
+            self._pending = (*pending[:2], 0, *pending[3:])
+        return True
 
     def _count_alternatives(self, step) -> None:
         """Where the draft had first-position alternatives: how many rows' rejected first draft had the
