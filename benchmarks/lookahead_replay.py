@@ -7,9 +7,9 @@ position is a fact of the text, not of the run: one teacher-forced pass of the d
 the target's output (prompt lookup on its prefixes) gives, for every position, how many drafts in
 a row the target would accept from there. A policy then replays on that record: each iteration
 it picks k, commits ``min(run, k) + 1`` tokens (ngram: at most what the lookup found, plus one)
-and pays ``T(width)`` for the width it drafted (prompt lookup's draft is as wide as what it found;
-until stop 42 the replay charged ``T(k)``, overcharging prompt lookup) from a table of iteration costs, measured once in the loop
-(``--measure``) or given (``--costs``). Tokens per unit of cost, against the best constant k in
+and pays ``T(width)`` for the width it drafted, from a table of iteration costs measured once in
+the loop (``--measure``) or given (``--costs``); prompt lookup's draft is as wide as what it found
+(until stop 42 the replay charged ``T(k)``, overcharging it). Tokens per unit of cost, against the best constant k in
 hindsight and a per-iteration oracle, say how well a k choice follows the acceptance, with the
 same costs for every contender and no noise between runs. ``cost-aware`` itself is replayed (at
 several ``alpha_decay`` values), driven through its hooks with a clock that advances by each

@@ -322,12 +322,16 @@ class TestTiming:
         fit = policy._fits[1]
         drafted_widths = {k for k in fit.mean if k > 0}
         assert drafted_widths and all(fit.mean[k] == pytest.approx(3.0) for k in drafted_widths) and fit.mean[0] == pytest.approx(2.0)
-        weight, none = policy._unproposed[1]
-        assert 0 < none < 1 and policy.proposal_rate(0) == pytest.approx(1 - none, abs=0.05)
-        asked, drafted = policy.asked_costs(1), policy.cost_model(1)
+        gets = policy._row_proposal_rates([0])
+        assert 0.3 < gets[0] < 0.7
+        drafted = policy.cost_model(1)
+        asked = policy.asked_costs(drafted, gets)
         assert asked[0] == drafted[0] == pytest.approx(2.0)
         for k in drafted_widths:
-            assert asked[k] == pytest.approx(none * 2.0 + (1 - none) * drafted[k])
+            assert asked[k] == pytest.approx((1 - gets[0]) * 2.0 + gets[0] * drafted[k])
+        # In a batch the iteration is a plain step only where no row gets a draft.
+        both = policy.asked_costs(drafted, [0.5, 0.5])
+        assert both[1] == pytest.approx(0.25 * 2.0 + 0.75 * drafted[1])
 
     def test_without_a_draft_asking_costs_nothing_so_a_lone_row_weighs_what_a_draft_buys(self):
         """A lone row's choice is whether a draft, when there is one, is worth its iteration: how often
@@ -336,14 +340,10 @@ class TestTiming:
         policy = fed(CostAwareLookahead(max_k=2), 1, {0: 10.0, 1: 12.0, 2: 14.0})
         alpha, budget = [0.3], [50]  # a draft accepted 30% of the time pays 1.3 tokens for 1.2 steps
         for share in (0.0, 0.5, 0.9):
-            policy._unproposed[1] = [50.0, share]
-            policy._costs_stamp = -1
             gains = policy.choose(1, alpha, budget, proposes=[1 - share]).goodput
             assert gains[1] > gains[0]
             assert gains[1] / gains[0] == pytest.approx((1 + (1 - share) * 0.3) / (1 + (1 - share) * 0.2))
         # Counted as rejections, half the iterations without a draft make it 0.15: a plain step wins.
-        policy._unproposed.clear()
-        policy._costs_stamp = -1
         gains = policy.choose(1, [0.15], budget).goodput
         assert gains[0] > gains[1]
 
@@ -440,7 +440,6 @@ class TestAcceptance:
         policy.lookahead(state)
         policy.on_step(state, step_of([0, 1], [0, 2], [0, 1]))
         assert policy._success == [0.0, 1.0] and policy._failure == [0.0, 1.0]
-        assert policy._unproposed[2] == [1.0, 0.0]  # the iteration drafted: not a plain step
         assert policy.proposal_rate(0) == pytest.approx(0.5, abs=0.01)  # one row of two got none
         assert policy.proposal_rate(40) == 1.0  # an octave not counted yet: asking is how it learns
 
@@ -462,6 +461,20 @@ class TestAcceptance:
         early, late = policy.row_tokens([0.5, 0.5], proposes=[policy.proposal_rate(3), policy.proposal_rate(40)])
         assert early[1] == pytest.approx(1 + 0.5 * policy.proposal_rate(3))
         assert late[2] == pytest.approx(1 + (0.5 + 0.25) * policy.proposal_rate(40))
+
+    def test_a_text_that_never_repeats_itself_reads_as_one(self):
+        """Rows differ in how often prompt lookup finds anything to copy: a row's own request moves its
+        chance of a draft away from the pool's, where the pool alone would read both rows alike."""
+        policy = CostAwareLookahead(clock=lambda: 0.0, probe_rate=0.0, initial_k=2)
+        state = fake_state(2)
+        policy.begin(state, None)
+        for step in range(30):
+            policy.lookahead(state)
+            policy.on_step(state, step_of([0, 1], [2, 0], [1, 0]))  # row 0 always gets a draft, row 1 never
+        pooled = policy.proposal_rate(0)
+        assert 0.4 < pooled < 0.6
+        repeats, never = policy._row_proposal_rates([0, 1])
+        assert repeats > 0.8 and never < 0.2
 
     def test_a_short_draft_accepted_whole_is_not_a_failure(self):
         """Prompt lookup found 2 tokens to copy where 4 were asked, and both were right."""

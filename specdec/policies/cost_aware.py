@@ -26,11 +26,12 @@ forward passes and no host syncs of its own:
   lookup found only m tokens to copy); a draft cut at its first rejection says "accepted
   successes, one failure". A row that was asked and got no draft at all (prompt lookup found
   nothing to copy) is not counted: it says nothing about what the drafter proposes, and it cost
-  nothing beyond a plain step. The share of such rows, pooled per octave of tokens generated like
-  the acceptance (early in a text prompt lookup has less to copy), scales the tokens a row is
-  expected to gain (``proposal_rate``); an iteration in which no row got a draft is timed as the
-  plain step it was, and the share of such iterations per batch-size bucket mixes a plain step into
-  the cost of asking for each k (``asked_costs``).
+  nothing beyond a plain step. A row's chance of getting a draft scales the tokens it is expected
+  to gain: the share pooled per octave of tokens generated like the acceptance (early in a text
+  prompt lookup has less to copy; ``proposal_rate``), moved in log-odds by the row's own request
+  (some texts repeat themselves, others never). An iteration in which no row got a draft is timed
+  as the plain step it was, and the chance that no row gets one mixes a plain step into the cost
+  of asking for each k (``asked_costs``).
   Counted as rejections and timed as k, half the iterations of prompt lookup's sampled batch-1
   texts made drafting look like a loss where constant k = 1 and 2 ran 4-7% ahead of plain steps
   (``docs/benchmarks.md``, stop 42). Two levels of Beta prior: a row's recent counts, decayed
@@ -467,7 +468,7 @@ class CostAwareLookahead(LookaheadPolicy):
     decision: Decision | None = attrs.field(default=None, init=False, repr=False)
     requested: torch.Tensor | None = attrs.field(default=None, init=False, repr=False)  # [B] last asked per row
     _fits: dict[int, CostFit] = attrs.field(factory=dict, init=False, repr=False)
-    _costs_cache: dict[int, tuple] = attrs.field(factory=dict, init=False, repr=False)  # bucket -> _costs'
+    _costs_cache: dict[int, dict[int, float] | None] = attrs.field(factory=dict, init=False, repr=False)  # cost_model's
     _costs_stamp: int = attrs.field(default=-1, init=False, repr=False)  # the fits' changes it was computed at
     # [R] decayed accepted drafts and rejections per request row. Plain floats: the policy runs on the
     # host every iteration, where a handful of Python numbers cost less than a tensor op each.
@@ -480,6 +481,9 @@ class CostAwareLookahead(LookaheadPolicy):
     # it drafts (at the pool's pace): what the recent counts above age back to while it does not draft.
     _row_history: list[list[float]] | None = attrs.field(default=None, init=False, repr=False)
     _generated: list[int] | None = attrs.field(default=None, init=False, repr=False)  # [R] at the last lookahead
+    # [R] [asked, drafts expected, got] of each row over its request, expected at the pooled share where
+    # it was in its text (proposal_rate): some texts repeat themselves, others never
+    _row_proposals: list[list[float]] | None = attrs.field(default=None, init=False, repr=False)
     # How much rows really differ, from finished requests' rows: decayed [weight, sum of the squared
     # deviation of a row's rate from the pool less its sampling variance]. It sets how far a row's
     # history leans on the pool (few pseudo-counts where rows differ, many where they are alike).
@@ -516,9 +520,6 @@ class CostAwareLookahead(LookaheadPolicy):
     # began with a resume count; a request's first, which pays no catch-up, would make it look cheap.
     _stretch: dict[int, list[float]] = attrs.field(factory=dict, init=False, repr=False)
     _run: tuple[int, int] | None = attrs.field(default=None, init=False, repr=False)  # (bucket, iterations) since a resume
-    # bucket -> [decayed weight, share] of the iterations that asked for drafts in which no row got
-    # one (prompt lookup found nothing to copy): they ran, and are timed, as plain steps
-    _unproposed: dict[int, list[float]] = attrs.field(factory=dict, init=False, repr=False)
     # generated_bucket -> [decayed weight, share] of the rows asked for drafts that got none, with that
     # many tokens generated (kept across requests): early in a text prompt lookup has less to copy
     _unproposed_by_generated: dict[int, list[float]] = attrs.field(factory=dict, init=False, repr=False)
@@ -650,6 +651,24 @@ class CostAwareLookahead(LookaheadPolicy):
         cell = self._unproposed_by_generated.get(generated_bucket(generated))
         return 1.0 - cell[1] if cell is not None else 1.0
 
+    def _row_proposal_rates(self, rows: list[int]) -> list[float]:
+        """Each row's chance of getting a draft when asked: ``proposal_rate`` where it is in its text,
+        moved in log-odds by as much as its request's share (on ``prior_strength`` pseudo-counts)
+        beat the pool's where it was asked, as ``_row_alphas`` reads acceptance. Pooled alone, a
+        text that never repeats itself read as one that does, and at batch 16 the batch drafted for
+        rows that got nothing (stop 42)."""
+        strength = max(self.prior_strength, 1e-6)
+        rates = []
+        for row in rows:
+            asked, expected, got = self._row_proposals[row]
+            here = self.proposal_rate(self._generated[row])
+            if asked > 0:
+                reference = _clip(expected / asked)
+                own = _clip((got + strength * reference) / (asked + strength))
+                here = _sigmoid(_logit(_clip(here)) + _logit(own) - _logit(reference))
+            rates.append(here)
+        return rates
+
     def position_acceptance(self, alpha) -> np.ndarray:
         """[B, max_k]: the acceptance of each row's j-th draft, given that the drafts before it were
         accepted. The pooled per-position profile shifted in log-odds by as much as the row's
@@ -668,29 +687,25 @@ class CostAwareLookahead(LookaheadPolicy):
 
     def cost_model(self, batch: int) -> dict[int, float] | None:
         """Width -> predicted seconds of an iteration of ``batch`` rows that drafts that wide (0..max_k),
-        from this bucket's fit, or the nearest fitted bucket's scaled to this one's own point if it has one."""
-        return self._costs(batch)[0]
-
-    def asked_costs(self, batch: int) -> dict[int, float] | None:
-        """k -> predicted seconds of an iteration of ``batch`` rows that asks the drafter for k: where
-        it proposes nothing (prompt lookup finding no match; ``_count_unproposed``), a plain step."""
-        return self._costs(batch)[1]
-
-    def _costs(self, batch: int) -> tuple[dict[int, float] | None, dict[int, float] | None]:
-        """``cost_model`` and ``asked_costs``, kept until a fit changes or an iteration's draft is
-        counted: the makespan asks for every smaller batch's at each iteration."""
+        from this bucket's fit, or the nearest fitted bucket's scaled to this one's own point if it has one.
+        Kept until a fit changes: the makespan asks for every smaller batch's at each iteration."""
         stamp = sum(fit.changes + 1 for fit in self._fits.values())  # grows with every iteration timed
         if self._costs_stamp != stamp:
             self._costs_stamp, self._costs_cache = stamp, {}
         bucket = bucket_of(batch)
         if bucket not in self._costs_cache:
-            costs = self._fitted_costs(batch)
-            cell = self._unproposed.get(bucket)
-            share = cell[1] if cell is not None else 0.0
-            asked = costs if costs is None or share <= 0.0 else \
-                {k: c if k == 0 else share * costs[0] + (1 - share) * c for k, c in costs.items()}
-            self._costs_cache[bucket] = (costs, asked)
+            self._costs_cache[bucket] = self._fitted_costs(batch)
         return self._costs_cache[bucket]
+
+    @staticmethod
+    def asked_costs(costs: dict[int, float] | None, proposes) -> dict[int, float] | None:
+        """k -> predicted seconds of an iteration that asks the drafter for k, from ``costs`` by width
+        and each row's chance of getting a draft (``proposes``; None: 1): where no row gets one
+        (prompt lookup finding nothing to copy; ``_count_unproposed``), it is a plain step."""
+        none = math.prod(1.0 - p for p in proposes) if proposes is not None else 0.0
+        if costs is None or none <= 0.0:
+            return costs
+        return {k: c if k == 0 else none * costs[0] + (1 - none) * c for k, c in costs.items()}
 
     def _fitted_costs(self, batch: int) -> dict[int, float] | None:
         ks = list(range(self.max_k + 1))  # every width a capped row may end at
@@ -766,6 +781,7 @@ class CostAwareLookahead(LookaheadPolicy):
         self._expected = [0.0] * state.batch_size
         self._row_history = [[0.0, 0.0, 0.0] for _ in range(state.batch_size)]
         self._generated = [0] * state.batch_size
+        self._row_proposals = [[0.0, 0.0, 0.0] for _ in range(state.batch_size)]
         self._pending = None
         self._row_cuts = 0
         self._drafted = self._drafted_in_request = False
@@ -779,7 +795,7 @@ class CostAwareLookahead(LookaheadPolicy):
         one when asked (default 1)."""
         fit = self._fits.get(bucket_of(batch))
         single = fit.single() if fit is not None else None  # one k seen here: no fit of its own yet
-        costs = self.asked_costs(batch)
+        costs = self.asked_costs(self.cost_model(batch), proposes)
         if costs is None or single is not None:
             # Explore: the initial k, then one plain step (in whichever order the bucket met them),
             # so that every batch size measures its own shape; a neighbour's can be far off (on a
@@ -801,7 +817,9 @@ class CostAwareLookahead(LookaheadPolicy):
                 {k: c + price if k > 0 else c for k, c in seconds.items()}
 
         costs = priced(costs)
-        gains = self.goodput(alpha, budget, costs, lambda rows: priced(self.asked_costs(rows)), proposes)
+        # the tail's fewer rows: as if the ones left were as likely to get no draft as this batch's
+        gains = self.goodput(alpha, budget, costs, lambda rows: priced(self.asked_costs(self.cost_model(rows), proposes)),
+                             proposes)
         best = max(gains, key=lambda k: (gains[k], -k))
         if best > 0 and batch > 1 and not self._drafted and gains[best] < gains[0] * (1 + self.resume_margin):
             best = 0
@@ -868,7 +886,7 @@ class CostAwareLookahead(LookaheadPolicy):
             self._generated[row] = done
         self._iteration = state.iteration
         self._width_set = False
-        proposes = [self.proposal_rate(done) for done in generated]
+        proposes = self._row_proposal_rates(rows)
         self.decision = self.choose(batch, self._row_alphas(rows) if alpha is None else alpha, budget, proposes)
         if self.alternatives == "auto":
             read = self._read_alternatives(batch, self.decision)
@@ -1019,6 +1037,10 @@ class CostAwareLookahead(LookaheadPolicy):
             failure[row] *= decay
             expected[row] *= decay
             if asked > 0 and proposals:  # see _count_unproposed
+                counts = self._row_proposals[row]
+                counts[0] += 1.0
+                counts[1] += self.proposal_rate(self._generated[row])
+                counts[2] += 1.0 if drafted else 0.0
                 _add_to_cell(self._unproposed_by_generated.setdefault(generated_bucket(self._generated[row]), [0.0, 0.0]),
                              0.0 if drafted else 1.0, pool_decay)
                 if not drafted:
@@ -1067,17 +1089,15 @@ class CostAwareLookahead(LookaheadPolicy):
         self._reached = self._reached * pool_decay + reached / asked_rows
 
     def _count_unproposed(self, step) -> bool:
-        """Counts whether the iteration asked for drafts and no row got one (prompt lookup finding
-        nothing to copy; a model drafter always proposes what it is asked), and has such an
-        iteration timed as the plain step it was (see the module docstring, Acceptance). Returns
+        """Has an iteration that asked for drafts in which no row got one (prompt lookup finding
+        nothing to copy; a model drafter always proposes what it is asked) timed as the plain step
+        it was (see the module docstring, Acceptance). Returns
         whether this iteration's empty drafts are the drafter's, not a policy's stop
         (``time_at_width``), which the acceptance counts as rejections."""
         pending = self._pending
         if pending is None or self._width_set or pending[2] == 0:
             return False
         none = not any(drafted for asked, drafted in zip(self.requested.tolist(), step.drafted_host.tolist()) if asked)
-        _add_to_cell(self._unproposed.setdefault(bucket_of(pending[1]), [0.0, 0.0]), 1.0 if none else 0.0, self.decay)
-        self._costs_stamp = -1  # the share moved
         if none:
             self._pending = (*pending[:2], 0, *pending[3:])
         return True
