@@ -1091,9 +1091,9 @@ class CostAwareLookahead(LookaheadPolicy):
     def _count_unproposed(self, step) -> bool:
         """Has an iteration that asked for drafts in which no row got one (prompt lookup finding
         nothing to copy; a model drafter always proposes what it is asked) timed as the plain step
-        it was (see the module docstring, Acceptance). Returns
-        whether this iteration's empty drafts are the drafter's, not a policy's stop
-        (``time_at_width``), which the acceptance counts as rejections."""
+        it was (see the module docstring, Acceptance). Returns whether this iteration's empty drafts
+        are the drafter's, not a policy's stop (``time_at_width``), which the acceptance counts as
+        rejections."""
         pending = self._pending
         if pending is None or self._width_set or pending[2] == 0:
             return False
