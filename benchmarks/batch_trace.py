@@ -29,13 +29,10 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's specdec, not an installed copy
 
-from specdec import SpeculativeDecoder  # noqa: E402
-from specdec.drafters import ModelDrafter, NGramDrafter  # noqa: E402
 from specdec.policies import ConstantLookahead, CostAwareLookahead  # noqa: E402
 from specdec.policies.cost_aware import bucket_of  # noqa: E402
-from specdec.verifiers import GreedyVerifier, RejectionVerifier  # noqa: E402
 
-from bundled_pair import load_bundled_pair  # noqa: E402
+from bundled_pair import bundled_decoder, load_bundled_pair  # noqa: E402
 
 
 class Traced(CostAwareLookahead):
@@ -78,9 +75,7 @@ def main():
     target, tokenizer, draft, prompts = load_bundled_pair()
 
     def make(policy):
-        drafter = ModelDrafter(draft) if args.drafter == "model" else NGramDrafter(max_ngram=3)
-        return SpeculativeDecoder(target=target, drafter=drafter, policy=policy,
-                                  verifier=RejectionVerifier() if args.sampled else GreedyVerifier())
+        return bundled_decoder(target, draft, args.drafter, policy, args.sampled)
 
     def run(decoder, batch_size, count):
         chunks = [prompts[i : i + batch_size] for i in range(0, count, batch_size)]

@@ -22,3 +22,14 @@ def load_bundled_pair():
     draft = AutoModelForCausalLM.from_pretrained(ROOT / "models/python-pair/draft")
     prompts = [json.loads(line)["prompt"] for line in open(ROOT / "models/python-pair/prompts.jsonl")]
     return target, tokenizer, draft, prompts
+
+
+def bundled_decoder(target, draft, drafter: str, policy, sampled: bool):
+    """A ``SpeculativeDecoder`` of the pair with ``drafter`` ("model": ``draft``; "ngram": prompt
+    lookup up to 3-grams), ``policy``, and rejection sampling if ``sampled``, greedy matching if not."""
+    from specdec import SpeculativeDecoder
+    from specdec.drafters import ModelDrafter, NGramDrafter
+    from specdec.verifiers import GreedyVerifier, RejectionVerifier
+
+    return SpeculativeDecoder(target=target, drafter=ModelDrafter(draft) if drafter == "model" else NGramDrafter(max_ngram=3),
+                              policy=policy, verifier=RejectionVerifier() if sampled else GreedyVerifier())

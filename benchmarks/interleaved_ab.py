@@ -30,12 +30,9 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's specdec, not an installed copy
 
-from specdec import SpeculativeDecoder  # noqa: E402
-from specdec.drafters import ModelDrafter, NGramDrafter  # noqa: E402
 from specdec.policies import ConstantLookahead, CostAwareLookahead  # noqa: E402
-from specdec.verifiers import GreedyVerifier, RejectionVerifier  # noqa: E402
 
-from bundled_pair import load_bundled_pair  # noqa: E402
+from bundled_pair import bundled_decoder, load_bundled_pair  # noqa: E402
 
 
 def baseline_policy(checkout: Path, index: int):
@@ -69,9 +66,7 @@ def main():
     sampling = dict(do_sample=False) if args.greedy else dict(do_sample=True, temperature=0.7, top_p=0.9)
 
     def make(policy):
-        drafter = ModelDrafter(draft) if args.drafter == "model" else NGramDrafter(max_ngram=3)
-        return SpeculativeDecoder(target=target, drafter=drafter, policy=policy,
-                                  verifier=GreedyVerifier() if args.greedy else RejectionVerifier())
+        return bundled_decoder(target, draft, args.drafter, policy, sampled=not args.greedy)
 
     ks = [int(k) for k in args.ks.split(",")]
     decoders = {f"constant k={k}": make(ConstantLookahead(k=k)) for k in ks}

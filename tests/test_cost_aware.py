@@ -443,6 +443,17 @@ class TestAcceptance:
         assert policy.proposal_rate(0) == pytest.approx(0.5, abs=0.01)  # one row of two got none
         assert policy.proposal_rate(40) == 1.0  # an octave not counted yet: asking is how it learns
 
+    def test_a_policy_that_stopped_the_draft_itself_counts_a_rejection(self):
+        """draft-confidence sets the width it drafted (``time_at_width``): a stop before the first
+        token is the policy's judgement of the draft, not a drafter with nothing to propose."""
+        policy = CostAwareLookahead(clock=lambda: 0.0)
+        state = fake_state(1)
+        policy.begin(state, None)
+        policy.lookahead(state)
+        policy.time_at_width(0)
+        policy.on_step(state, step_of([0], [0], [0]))
+        assert policy._failure == [1.0] and policy._row_proposals[0] == [0.0, 0.0, 0.0]
+
     def test_how_often_a_row_gets_no_draft_is_read_where_it_is_in_its_text(self):
         """Prompt lookup has little to copy early in a text: the share of rows without a draft is
         kept per octave of tokens generated, and a row's expected tokens follow where it is."""

@@ -225,6 +225,12 @@ def _sigmoid(x: float) -> float:
     return 1 / (1 + math.exp(-x))
 
 
+def _carried(here: float, own: float, reference: float) -> float:
+    """``here`` moved in log-odds by as much as ``own`` beats ``reference``: a row's rate measured
+    where the pool was at ``reference``, carried to where the pool is ``here``."""
+    return _clip(_sigmoid(_logit(_clip(here)) + _logit(_clip(own)) - _logit(_clip(reference))))
+
+
 def _acceptance_by_position(alpha: float, depth: int, shift: list[float] | None) -> list[float]:
     """A row's acceptance at draft positions 1 .. ``depth``: ``alpha`` itself (the geometric model), or
     the pooled profile's log-odds ``shift`` per position added to alpha's."""
@@ -523,7 +529,6 @@ class CostAwareLookahead(LookaheadPolicy):
     # generated_bucket -> [decayed weight, share] of the rows asked for drafts that got none, with that
     # many tokens generated (kept across requests): early in a text prompt lookup has less to copy
     _unproposed_by_generated: dict[int, list[float]] = attrs.field(factory=dict, init=False, repr=False)
-    _width_set: bool = attrs.field(default=False, init=False, repr=False)  # time_at_width set this iteration's
     # bucket -> what first-position alternatives cost and buy there (kept across requests)
     _ledgers: dict[int, AlternativesLedger] = attrs.field(factory=dict, init=False, repr=False)
     _alt_pending: tuple | None = attrs.field(default=None, init=False, repr=False)  # (width, read) of the step in flight
@@ -586,7 +591,7 @@ class CostAwareLookahead(LookaheadPolicy):
             seen = success[r] + failure[r]
             reference = _clip(expected[r] / seen) if seen > 1e-9 else here
             recent = (success[r] + strength * _sigmoid(_logit(reference) + above)) / (seen + strength)
-            alphas.append(_clip(_sigmoid(_logit(here) + _logit(_clip(recent)) - _logit(reference))))
+            alphas.append(_carried(here, recent, reference))
         return alphas
 
     def history_strength(self) -> float:
@@ -664,8 +669,7 @@ class CostAwareLookahead(LookaheadPolicy):
             here = self.proposal_rate(self._generated[row])
             if asked > 0:
                 reference = _clip(expected / asked)
-                own = _clip((got + strength * reference) / (asked + strength))
-                here = _sigmoid(_logit(_clip(here)) + _logit(own) - _logit(reference))
+                here = _carried(here, (got + strength * reference) / (asked + strength), reference)
             rates.append(here)
         return rates
 
@@ -703,7 +707,7 @@ class CostAwareLookahead(LookaheadPolicy):
         and each row's chance of getting a draft (``proposes``; None: 1): where no row gets one
         (prompt lookup finding nothing to copy; ``_count_unproposed``), it is a plain step."""
         none = math.prod(1.0 - p for p in proposes) if proposes is not None else 0.0
-        if costs is None or none <= 0.0:
+        if costs is None or none < 1e-9:  # a model drafter's rows: 1e-6 each, clipped off 1
             return costs
         return {k: c if k == 0 else none * costs[0] + (1 - none) * c for k, c in costs.items()}
 
@@ -885,7 +889,6 @@ class CostAwareLookahead(LookaheadPolicy):
         for row, done in zip(rows, generated):
             self._generated[row] = done
         self._iteration = state.iteration
-        self._width_set = False
         proposes = self._row_proposal_rates(rows)
         self.decision = self.choose(batch, self._row_alphas(rows) if alpha is None else alpha, budget, proposes)
         if self.alternatives == "auto":
@@ -967,7 +970,6 @@ class CostAwareLookahead(LookaheadPolicy):
         if self._pending is not None:
             iteration, batch, _, started, warm, first = self._pending
             self._pending = (iteration, batch, width, started, warm, first)
-        self._width_set = True
         if width == 0 and self._run is not None:  # a plain step after all: the stretch ended before it
             bucket, length = self._run
             self._run = (bucket, length - 1) if length > 1 else None
@@ -1095,7 +1097,7 @@ class CostAwareLookahead(LookaheadPolicy):
         are the drafter's, not a policy's stop (``time_at_width``), which the acceptance counts as
         rejections."""
         pending = self._pending
-        if pending is None or self._width_set or pending[2] == 0:
+        if pending is None or pending[2] == 0:  # a plain step, or a policy's stop (time_at_width(0))
             return False
         none = not any(drafted for asked, drafted in zip(self.requested.tolist(), step.drafted_host.tolist()) if asked)
         if none:
