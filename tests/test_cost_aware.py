@@ -325,12 +325,12 @@ class TestTiming:
         gets = policy._row_proposal_rates([0])
         assert 0.3 < gets[0] < 0.7
         drafted = policy.cost_model(1)
-        asked = policy.asked_costs(drafted, gets)
+        asked = policy.asked_costs(drafted, policy.none_proposed(gets))
         assert asked[0] == drafted[0] == pytest.approx(2.0)
         for k in drafted_widths:
             assert asked[k] == pytest.approx((1 - gets[0]) * 2.0 + gets[0] * drafted[k])
         # In a batch the iteration is a plain step only where no row gets a draft.
-        both = policy.asked_costs(drafted, [0.5, 0.5])
+        both = policy.asked_costs(drafted, policy.none_proposed([0.5, 0.5]))
         assert both[1] == pytest.approx(0.25 * 2.0 + 0.75 * drafted[1])
 
     def test_without_a_draft_asking_costs_nothing_so_a_lone_row_weighs_what_a_draft_buys(self):

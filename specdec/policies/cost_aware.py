@@ -284,6 +284,7 @@ class CostFit:
     load: float = 1.0  # how much slower than the cells every iteration runs now (shared machines)
     changes: int = 0  # iterations added: what the policy's cache of predicted costs is stamped with
     _lines: tuple | None = attrs.field(default=None, eq=False, repr=False)  # (changes, floor, costs' lines)
+    _costs: tuple | None = attrs.field(default=None, eq=False, repr=False)  # ((changes, floor, ks), costs' answer)
 
     # A k's own cell weighs against the line's prediction for it as if the line were this many
     # observations of k.
@@ -337,13 +338,18 @@ class CostFit:
         tokens, the wider verify), so T(0) is the k = 0 cell's own mean when it was observed and
         the line ``a + b k`` is fitted on the k >= 1 cells when two of them were; otherwise one
         line through every cell. A k >= 1 with a cell of weight w costs ``(w mean + CELL_PRIOR
-        line) / (w + CELL_PRIOR)``; one without, the line's ``a + b k``."""
+        line) / (w + CELL_PRIOR)``; one without, the line's ``a + b k``. The answer is kept until the
+        next timing (the makespan reads every bucket's at each iteration): callers must not change it."""
+        key = (self.changes, floor, tuple(ks))
+        if self._costs is not None and self._costs[0] == key:
+            return self._costs[1]
         if self._lines is None or self._lines[:2] != (self.changes, floor):  # once per timing, not per call
             everything = self._line(self._cells(floor))
             speculative = everything and (self._line(self._cells(floor, speculative_only=True)) or everything)
             self._lines = (self.changes, floor, everything, speculative)
         everything, speculative = self._lines[2:]
         if everything is None:
+            self._costs = (key, None)
             return None
         plain = self.mean[0] if self.weight.get(0, 0.0) > floor else everything[0]
         a, b = speculative
@@ -356,6 +362,7 @@ class CostFit:
                 out[k] = (weight * self.mean[k] + self.CELL_PRIOR * line) / (weight + self.CELL_PRIOR)
             else:
                 out[k] = line
+        self._costs = (key, out)
         return out
 
     def single(self) -> tuple[int, float] | None:
@@ -667,7 +674,9 @@ class CostAwareLookahead(LookaheadPolicy):
         for row in rows:
             asked, expected, got = self._row_proposals[row]
             here = self.proposal_rate(self._generated[row])
-            if asked > 0:
+            if asked > 0 and got == asked == expected:  # a model drafter's row: what _carried returns
+                here = _clip(here)
+            elif asked > 0:
                 reference = _clip(expected / asked)
                 here = _carried(here, (got + strength * reference) / (asked + strength), reference)
             rates.append(here)
@@ -702,11 +711,15 @@ class CostAwareLookahead(LookaheadPolicy):
         return self._costs_cache[bucket]
 
     @staticmethod
-    def asked_costs(costs: dict[int, float] | None, proposes) -> dict[int, float] | None:
+    def none_proposed(proposes) -> float:
+        """The chance that no row gets a draft when asked, from each row's (``proposes``; None: 1)."""
+        return math.prod(1.0 - p for p in proposes) if proposes is not None else 0.0
+
+    @staticmethod
+    def asked_costs(costs: dict[int, float] | None, none: float) -> dict[int, float] | None:
         """k -> predicted seconds of an iteration that asks the drafter for k, from ``costs`` by width
-        and each row's chance of getting a draft (``proposes``; None: 1): where no row gets one
-        (prompt lookup finding nothing to copy; ``_count_unproposed``), it is a plain step."""
-        none = math.prod(1.0 - p for p in proposes) if proposes is not None else 0.0
+        and the chance that no row gets a draft (``none_proposed``): then (prompt lookup finding
+        nothing to copy; ``_count_unproposed``) it is a plain step."""
         if costs is None or none < 1e-9:  # a model drafter's rows: 1e-6 each, clipped off 1
             return costs
         return {k: c if k == 0 else none * costs[0] + (1 - none) * c for k, c in costs.items()}
@@ -799,7 +812,8 @@ class CostAwareLookahead(LookaheadPolicy):
         one when asked (default 1)."""
         fit = self._fits.get(bucket_of(batch))
         single = fit.single() if fit is not None else None  # one k seen here: no fit of its own yet
-        costs = self.asked_costs(self.cost_model(batch), proposes)
+        none = self.none_proposed(proposes)
+        costs = self.asked_costs(self.cost_model(batch), none)
         if costs is None or single is not None:
             # Explore: the initial k, then one plain step (in whichever order the bucket met them),
             # so that every batch size measures its own shape; a neighbour's can be far off (on a
@@ -821,9 +835,16 @@ class CostAwareLookahead(LookaheadPolicy):
                 {k: c + price if k > 0 else c for k, c in seconds.items()}
 
         costs = priced(costs)
-        # the tail's fewer rows: as if the ones left were as likely to get no draft as this batch's
-        gains = self.goodput(alpha, budget, costs, lambda rows: priced(self.asked_costs(self.cost_model(rows), proposes)),
-                             proposes)
+        tail: dict[int, dict[int, float] | None] = {}  # bucket -> costs: 15 batch sizes at batch 16, 8 buckets
+
+        def fewer(rows: int) -> dict[int, float] | None:
+            """The tail's fewer rows: as if the ones left were as likely to get no draft as this batch's."""
+            bucket = bucket_of(rows)
+            if bucket not in tail:
+                tail[bucket] = priced(self.asked_costs(self.cost_model(rows), none))
+            return tail[bucket]
+
+        gains = self.goodput(alpha, budget, costs, fewer, proposes)
         best = max(gains, key=lambda k: (gains[k], -k))
         if best > 0 and batch > 1 and not self._drafted and gains[best] < gains[0] * (1 + self.resume_margin):
             best = 0
