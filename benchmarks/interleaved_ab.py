@@ -7,8 +7,9 @@ On a shared 2-vCPU host the load drifts over seconds: a pass of 8 prompts (about
 contender, as ``policy_grid.py`` times them, lands on a different load each, and the same
 constant k read 7.8-9.0 s in three passes minutes apart (stop 42). Here every contender decodes
 each batch of ``--batch-size`` prompts in turn (the order rotating from batch to batch), so a
-slow stretch of the host hits them all alike, and the totals over ``--repeats`` passes are
-compared. Sampled (temperature 0.7, top-p 0.9, rejection sampling) unless ``--greedy``; each
+slow stretch of the host hits them all alike, and the rates (new tokens per second) over
+``--repeats`` passes are compared: sampled contenders draw different texts, which end (eos) at
+different lengths. Sampled (temperature 0.7, top-p 0.9, rejection sampling) unless ``--greedy``; each
 pass seeds every contender's generator alike. Each ``--baseline`` names another checkout (a
 ``git worktree`` of an earlier commit) whose ``specdec/policies/cost_aware.py`` runs as a contender of
 its own, on this checkout's loop, so that a change to the policy is measured against the code
@@ -75,27 +76,36 @@ def main():
     decoders["cost-aware"] = make(CostAwareLookahead())
     chunks = [prompts[i : i + args.batch_size] for i in range(0, args.num_prompts, args.batch_size)]
     encoded = [tokenizer(chunk, return_tensors="pt", padding=True) for chunk in chunks]
-    totals = collections.defaultdict(list)
+    totals = collections.defaultdict(list)  # name -> seconds per pass
+    produced = collections.defaultdict(list)  # name -> new tokens per pass
     for repeat in range(args.repeats):
         generators = {name: torch.Generator().manual_seed(repeat) for name in decoders}
-        seconds = collections.Counter()
+        seconds, tokens = collections.Counter(), collections.Counter()
         for index, batch in enumerate(encoded):
             order = list(decoders.items())
             order = order[index % len(order):] + order[: index % len(order)]
             for name, decoder in order:
                 start = time.perf_counter()
-                decoder.generate(**batch, max_new_tokens=args.max_new_tokens, generator=generators[name], **sampling)
+                out = decoder.generate(**batch, max_new_tokens=args.max_new_tokens, generator=generators[name], **sampling)
                 seconds[name] += time.perf_counter() - start
+                tokens[name] += out.stats.new_tokens
         for name in decoders:
             totals[name].append(seconds[name])
-        print(f"pass {repeat}: " + ", ".join(f"{name} {seconds[name]:.2f} s" for name in decoders), flush=True)
+            produced[name].append(tokens[name])
+        print(f"pass {repeat}: " + ", ".join(f"{name} {seconds[name]:.2f} s {tokens[name]} tokens" for name in decoders),
+              flush=True)
+
+    def rate(name, passes=None):
+        passes = range(args.repeats) if passes is None else passes
+        return sum(produced[name][p] for p in passes) / sum(totals[name][p] for p in passes)
+
     reference = f"constant k={ks[0]}"
-    best = max((name for name in decoders if name.startswith("constant")), key=lambda name: -sum(totals[name]))
-    for name, times in totals.items():
-        ratios = [r / t for r, t in zip(totals[reference], times)]
-        print(f"{name:24s} {sum(times):8.2f} s  {sum(totals[reference]) / sum(times):.3f}x of {reference}, "
-              f"{sum(totals[best]) / sum(times):.3f} of the best constant ({best}); per pass "
-              + " ".join(f"{r:.3f}" for r in ratios))
+    best = max((name for name in decoders if name.startswith("constant")), key=rate)
+    for name in decoders:
+        ratios = [rate(name, [p]) / rate(reference, [p]) for p in range(args.repeats)]
+        print(f"{name:24s} {sum(totals[name]):8.2f} s {sum(produced[name]):6d} tokens  "
+              f"{rate(name) / rate(reference):.3f}x of {reference}, {rate(name) / rate(best):.3f} of the best "
+              f"constant ({best}); per pass " + " ".join(f"{r:.3f}" for r in ratios))
 
 
 if __name__ == "__main__":

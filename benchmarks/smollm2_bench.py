@@ -163,6 +163,8 @@ def contenders(run: str, target, head, heuristic_max: int, only=(), other_head=N
         found[f"{behind} cost-aware +{count} alternatives"] = spec(behind_lookup(alternatives=count), CostAwareLookahead())
         found[f"{behind} cost-aware +{count} alternatives (always)"] = spec(behind_lookup(alternatives=count),
                                                                            CostAwareLookahead(alternatives="always"))
+        found[f"{behind} cost-aware by position +{count} alternatives"] = spec(behind_lookup(alternatives=count),
+                                                                               CostAwareLookahead(per_position=True))
         found[f"{behind} draft-confidence auto +{count} alternatives"] = spec(behind_lookup(alternatives=count),
                                                                              confidence_auto())
     # Multi-token steps on torch's own linear path instead of oneDNN-packed weights (core/packed_linear.py).
