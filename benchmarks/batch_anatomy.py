@@ -1,12 +1,16 @@
 """Where a batch's time goes on the bundled pair, per contender, interleaved batch by batch.
 
     OMP_NUM_THREADS=1 python benchmarks/batch_anatomy.py [--drafter ngram|model] [--batch-size 16] \
-        [--num-prompts 64] [--ks 0,1,2] [--cost-aware] [--variants name=value[,...] ...] [--repeats 3] [--both-caches]
+        [--num-prompts 64] [--ks 0,1,2] [--cost-aware] [--variants name=value[,...] ...] [--mixed 1,2] \
+        [--repeats 3] [--both-caches]
 
 Each batch of ``--batch-size`` prompts is decoded greedily by ``target.generate`` and then by each
 contender (constant k for each of ``--ks``, and ``cost-aware`` with ``--cost-aware``) before the
 next batch, so that a noisy neighbour slows all alike. Each ``--variants`` entry adds a
-``cost-aware`` contender with those options set (e.g. ``objective=expected-makespan``). Printed per contender: its rate against
+``cost-aware`` contender with those options set (e.g. ``objective=expected-makespan``).
+``--mixed`` adds a contender that draws its k at every iteration from the given ones (seeded):
+whether changing k from one iteration to the next costs anything beyond each k's own iterations
+(a policy that chooses k per iteration changes it). Printed per contender: its rate against
 ``generate`` (the sum of times, and the median of the per-batch ratios), against the best constant
 k, and where its time went per batch: the first iteration (the prompt's prefill), the iterations at
 the full batch, those after rows left (a smaller batch), and the cache cuts when rows leave
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import random
 import statistics
 import sys
 import time
@@ -42,6 +47,17 @@ from specdec.policies import ConstantLookahead, CostAwareLookahead  # noqa: E402
 from bundled_pair import load_bundled_pair  # noqa: E402
 
 KINDS = ("first", "full batch", "smaller batch", "row cuts")
+
+
+class MixedLookahead(ConstantLookahead):
+    """k drawn at every iteration from ``choices``, the same for every row (seeded: the same draws each run)."""
+
+    def __init__(self, choices: list[int]):
+        super().__init__(k=max(choices))
+        self.choices, self.random = choices, random.Random(0)
+
+    def lookahead(self, state):
+        return torch.full((int(state.rows_host.shape[0]),), self.random.choice(self.choices), dtype=torch.long)
 
 
 class Anatomy(Observer):
@@ -81,6 +97,7 @@ def main():
     parser.add_argument("--ks", default="0,1,2", help="constant k contenders, comma-separated")
     parser.add_argument("--cost-aware", action="store_true", help="cost-aware as a contender too")
     parser.add_argument("--variants", nargs="*", default=[], help="more cost-aware contenders, options name=value[,...]")
+    parser.add_argument("--mixed", default=None, help="a contender drawing k per iteration from these, comma-separated")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--both-caches", action="store_true", help="each contender with transformers' DynamicLayer too")
     args = parser.parse_args()
@@ -89,6 +106,9 @@ def main():
     batches = [tokenizer(prompts[i : i + args.batch_size], return_tensors="pt", padding=True)
                for i in range(0, args.num_prompts, args.batch_size)]
     policies = {f"k={k}": (lambda k=k: ConstantLookahead(k=int(k))) for k in args.ks.split(",")}
+    if args.mixed:
+        choices = [int(k) for k in args.mixed.split(",")]
+        policies[f"k in {{{args.mixed}}}"] = lambda: MixedLookahead(choices)
     if args.cost_aware:
         policies["cost-aware"] = CostAwareLookahead
     for variant in args.variants:
