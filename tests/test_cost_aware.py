@@ -110,6 +110,18 @@ class TestCostModel:
             assert costs[k] == pytest.approx(shrunk)
         assert costs[3] == pytest.approx(a + b * 3)
         assert costs[4] < a + b * 4 and costs[5] > a + b * 5  # the line alone would hide both
+
+    def test_a_fits_answer_is_kept_until_its_next_timing(self):
+        """The makespan reads every bucket's costs at each iteration: a fit answers the same ks from
+        what it computed until a timing changes it, and then anew."""
+        fit = CostFit(log_batch=0.0)
+        for k, seconds in [(0, 8.0), (1, 12.0), (3, 16.0)]:
+            fit.add(k, seconds, decay=1.0)
+        first = fit.costs([0, 1, 2])
+        assert fit.costs([0, 1, 2]) is first and fit.costs([0, 2]) == {0: first[0], 2: first[2]}
+        fit.add(2, 30.0, decay=1.0)
+        again = fit.costs([0, 1, 2])
+        assert again is not first and again[2] > first[2] + 5.0
         once = CostFit(log_batch=0.0)  # a cell seen once weighs a third against the line (prior 2)
         for k, seconds in [(1, 10.0), (3, 14.0), (5, 18.0)]:
             for _ in range(20):
