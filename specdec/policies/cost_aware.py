@@ -674,9 +674,7 @@ class CostAwareLookahead(LookaheadPolicy):
         for row in rows:
             asked, expected, got = self._row_proposals[row]
             here = self.proposal_rate(self._generated[row])
-            if asked > 0 and got == asked == expected:  # a model drafter's row: what _carried returns
-                here = _clip(here)
-            elif asked > 0:
+            if asked > 0 and got != expected:  # where it got what the pool expected there is nothing to carry
                 reference = _clip(expected / asked)
                 here = _carried(here, (got + strength * reference) / (asked + strength), reference)
             rates.append(here)
@@ -720,7 +718,7 @@ class CostAwareLookahead(LookaheadPolicy):
         """k -> predicted seconds of an iteration that asks the drafter for k, from ``costs`` by width
         and the chance that no row gets a draft (``none_proposed``): then (prompt lookup finding
         nothing to copy; ``_count_unproposed``) it is a plain step."""
-        if costs is None or none < 1e-9:  # a model drafter's rows: 1e-6 each, clipped off 1
+        if costs is None or none < 1e-9:  # a model drafter's rows always get one: 0
             return costs
         return {k: c if k == 0 else none * costs[0] + (1 - none) * c for k, c in costs.items()}
 
