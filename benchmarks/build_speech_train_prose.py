@@ -20,7 +20,10 @@ which rebuilds the shipped draft's first set byte-identically), all offline:
 - ``packages``: docstrings of the third-party packages installed next to this Python (read with
   ``ast``, nothing imported), each package a source of its own;
 - ``metadata``: the long descriptions in the installed packages' ``METADATA``;
-- ``docs``: ``/usr/share/doc`` READMEs, NEWS and copyright files, and ``/usr/share/common-licenses``.
+- ``docs``: ``/usr/share/doc`` READMEs, NEWS and copyright files, and ``/usr/share/common-licenses``;
+- ``texts``: the ``answer`` (or ``text``) fields of the JSON Lines file ``--texts`` names, e.g. a
+  chat model's answers to everyday prompts (``benchmarks/everyday_text.py``): the prose above is
+  technical, and what people dictate is not.
 
 Only plain sentences are kept (``plain_sentences``: 6-24 words, starting with a capital and ending
 with . ! or ?, no digits, code symbols, URLs, CamelCase or dotted names, no very long words). With
@@ -51,7 +54,7 @@ from speech_eval_data import EVAL_SENTENCES, VOICES  # noqa: E402
 SENTENCE = re.compile(r"[A-Z][a-z][^.!?]*[a-z][.!?]")
 SYMBOLS = re.compile(r"[_=(){}\[\]<>*`#|\\/@$%^~0-9&+:;\"]|\.\w|--|\.\.|\bhttps?\b|\bwww\b")
 CODE_WORD = re.compile(r"[a-z][A-Z]|[A-Z]{2,}[a-z]|^[a-z]+[A-Z]")
-SOURCES = ("stdlib", "pydoc", "packages", "metadata", "docs")
+SOURCES = ("stdlib", "pydoc", "packages", "metadata", "docs", "texts")
 # Third-party packages whose docstrings are read (those installed; the venv's own tools are left out).
 PACKAGES = ("transformers", "torch", "numpy", "scipy", "sympy", "networkx", "hypothesis", "rich", "typer", "click",
             "pydantic", "huggingface_hub", "jinja2", "accelerate", "pygments", "attr", "anyio", "more_itertools",
@@ -139,6 +142,12 @@ def package_texts(package: str) -> list[str]:
     return out
 
 
+def file_texts(path: Path) -> list[str]:
+    """The ``answer`` field (else ``text``) of every line of a JSON Lines file."""
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [row.get("answer", row.get("text", "")) for row in rows]
+
+
 def metadata_texts() -> list[str]:
     """The long descriptions (the body after the headers) of the installed packages' METADATA."""
     out = []
@@ -173,10 +182,11 @@ def doc_texts(roots=(Path("/usr/share/doc"), Path("/usr/share/common-licenses"))
     return out
 
 
-def source_sentences(sources, seed: int = 0) -> list[str]:
+def source_sentences(sources, seed: int = 0, texts: Path | None = None) -> list[str]:
     """The sentences of ``sources`` (names in SOURCES), disjoint from the eval set and each other:
     ``stdlib`` alone in module order (the shipped draft's set); several, each shuffled with ``seed``
-    and interleaved (each third-party package a source of its own)."""
+    and interleaved (each third-party package a source of its own). ``texts`` is the file the
+    ``texts`` source reads."""
     import random
 
     if list(sources) == ["stdlib"]:
@@ -194,6 +204,10 @@ def source_sentences(sources, seed: int = 0) -> list[str]:
             groups.append([x for text in metadata_texts() for x in plain_sentences(text)])
         elif source == "docs":
             groups.append([x for text in doc_texts() for x in plain_sentences(text)])
+        elif source == "texts":
+            if texts is None:
+                raise SystemExit("the 'texts' source reads the file --texts names")
+            groups.append([x for text in file_texts(texts) for x in plain_sentences(text)])
         else:
             raise SystemExit(f"unknown source {source!r}: one of {', '.join(SOURCES)}")
     kept = []
@@ -238,15 +252,18 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--count", type=int, default=240, help="utterances to build")
     parser.add_argument("--seconds", type=float, default=20.0, help="join sentences up to about this long")
-    parser.add_argument("--merge", type=Path, help="another split to list with these in OUT/all/utterances.json")
+    parser.add_argument("--merge", type=Path, action="append", default=[],
+                        help="another split to list with these in OUT/all/utterances.json (repeatable)")
     parser.add_argument("--merge-templates", type=int, default=-1,
                         help="of --merge's template sentences (ids with 'gen'), keep only the first N (-1: all)")
     parser.add_argument("--sources", default="stdlib", help=f"comma-separated, of {', '.join(SOURCES)} (see above)")
     parser.add_argument("--seed", type=int, default=0, help="the shuffle of each source's sentences")
+    parser.add_argument("--texts", type=Path, help="the JSON Lines file of the 'texts' source")
+    parser.add_argument("--name", default="prose", help="the utterances' id and file prefix (distinct per set you merge)")
     args = parser.parse_args()
     if missing_tools():
         raise SystemExit(f"needs {' and '.join(missing_tools())} on PATH")
-    sentences = source_sentences([x.strip() for x in args.sources.split(",") if x.strip()], args.seed)
+    sentences = source_sentences([x.strip() for x in args.sources.split(",") if x.strip()], args.seed, args.texts)
     # About 2.6 words per second at espeak's speeds here: a word budget per utterance.
     budget = int(args.seconds * 2.6)
     groups, current = [], []
@@ -262,20 +279,24 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as scratch:
         for index, text in enumerate(groups):
             voice, speed = VOICES["en"][index % len(VOICES["en"])]
-            row = dict(id=f"prose-en-{index:04d}", language="en", voice=voice, speed=speed, text=text,
-                       file=f"prose-en-{index:04d}.wav")
+            row = dict(id=f"{args.name}-en-{index:04d}", language="en", voice=voice, speed=speed, text=text,
+                       file=f"{args.name}-en-{index:04d}.wav")
             row["seconds"] = round(speak(text, voice, speed, args.out / row["file"], Path(scratch)), 3)
             if row["seconds"] <= 30:  # one window each
                 rows.append(row)
     (args.out / "utterances.json").write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
     print(f"{len(rows)} utterances, {sum(r['seconds'] for r in rows) / 60:.1f} min, from {len(sentences)} sentences, in {args.out}")
     if args.merge:
-        other = json.loads((args.merge / "utterances.json").read_text())
-        if args.merge_templates >= 0:
-            templates = [r for r in other if "gen" in r["id"]][: args.merge_templates]
-            other = [r for r in other if "gen" not in r["id"]] + templates
-        merged = [dict(r, file=str((args.merge / r["file"]).resolve())) for r in other]
+        merged = []
+        for folder in args.merge:
+            other = json.loads((folder / "utterances.json").read_text())
+            if args.merge_templates >= 0:
+                templates = [r for r in other if "gen" in r["id"]][: args.merge_templates]
+                other = [r for r in other if "gen" not in r["id"]] + templates
+            merged += [dict(r, file=str((folder / r["file"]).resolve())) for r in other]
         merged += [dict(r, file=str((args.out / r["file"]).resolve())) for r in rows]
+        if len({r["id"] for r in merged}) < len(merged):
+            raise SystemExit("the merged sets share utterance ids: give each its own --name")
         (args.out / "all").mkdir(exist_ok=True)
         (args.out / "all" / "utterances.json").write_text(json.dumps(merged, indent=1) + "\n", encoding="utf-8")
         print(f"{len(merged)} utterances listed in {args.out / 'all' / 'utterances.json'}")

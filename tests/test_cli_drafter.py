@@ -59,7 +59,10 @@ class TestTrainCommand:
         out = tmp_path / "head.safetensors"
         result = runner.invoke(drafter_app, [*small_training(tmp_path), "--out", str(out)])
         assert result.exit_code == 0, result.output
-        assert out.is_file() and "held-out top-1" in result.output and 'use = "hidden_state"' in result.output
+        assert out.is_file() and "held-out top-1" in result.output and 'use = "hidden-state"' in result.output
+        # Not a terminal here: the phases report as plain lines (rich would draw nothing until the end).
+        assert "target hidden states (rows): " in result.stderr and "head steps: " in result.stderr
+        assert "(100%)" in result.stderr
 
     def test_continues_a_head_unrolled_and_refuses_an_unroll_that_does_not_fit(self, tmp_path):
         common = small_training(tmp_path)
@@ -87,3 +90,23 @@ class TestTrainCommand:
         result = runner.invoke(drafter_app, ["train", "--target", str(PAIR), "--corpus", str(tmp_path / "no.jsonl"),
                                              "--out", str(tmp_path / "h.safetensors")])
         assert result.exit_code == 2 and "does not exist" in result.output
+
+
+def test_phases_report_as_plain_lines_where_stderr_is_not_a_terminal(capsys):
+    """A log or a pipe: the first report of a phase, then at most one every 30 s, and its end."""
+    from specdec.cli.common import phase_progress
+
+    now = [100.0]
+    with phase_progress({"teacher": "target: encoder + transcripts"}, clock=lambda: now[0]) as on_progress:
+        for done, at in [(8, 100.0), (16, 110.0), (24, 131.0), (32, 140.0), (40, 162.0)]:
+            now[0] = at
+            on_progress("teacher", done, 40)
+        now[0] = 170.0
+        on_progress("train", 1, 300)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [
+        "target: encoder + transcripts: 8/40 (20%), 0s elapsed",
+        "target: encoder + transcripts: 24/40 (60%), 31s elapsed, about 21s left",
+        "target: encoder + transcripts: 40/40 (100%), 1m02s elapsed",
+        "train: 1/300 (0%), 0s elapsed",
+    ]

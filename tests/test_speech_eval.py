@@ -110,3 +110,21 @@ class TestTrainingProse:
         kept = prose.disjoint(["One plain sentence about a queue of tasks.", "One plain sentence about a queue of tasks.",
                                f"He said: {eval_sentence}", eval_sentence[:-1]], seen)
         assert kept == ["One plain sentence about a queue of tasks."]
+
+    def test_the_texts_source_reads_a_files_answers_and_drops_eval_sentences(self, tmp_path):
+        prose = load("build_speech_train_prose")
+        data = load("speech_eval_data")
+        eval_sentence = data.EVAL_SENTENCES["en"][0]
+        answers = tmp_path / "answers.jsonl"
+        answers.write_text("\n".join(json.dumps(row) for row in [
+            {"kind": "explain", "answer": "Every bicycle has two wheels and a frame of steel. Short one."},
+            {"kind": "creative", "answer": f"The old fox looked up at the birds every morning. {eval_sentence}"},
+            {"text": "Rain falls when the clouds grow too heavy to hold their water."},
+        ]) + "\n", encoding="utf-8")
+        assert sorted(prose.source_sentences(["texts"], texts=answers)) == [
+            "Every bicycle has two wheels and a frame of steel.",
+            "Rain falls when the clouds grow too heavy to hold their water.",
+            "The old fox looked up at the birds every morning.",
+        ]
+        with pytest.raises(SystemExit, match="--texts"):
+            prose.source_sentences(["texts"])

@@ -6,11 +6,14 @@ nothing heavier than typer and rich.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
 import os
 import sys
+import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Iterator, Optional
 
 import typer
 
@@ -47,6 +50,60 @@ def is_terminal(stream) -> bool:
 def colour(stream) -> bool:
     """Whether to style text written to ``stream`` (a terminal, and no NO_COLOR)."""
     return is_terminal(stream) and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+@contextlib.contextmanager
+def phase_progress(labels: dict[str, str], every_s: float = 30.0,
+                   clock: Callable[[], float] = time.monotonic) -> Iterator[Callable[[str, int, int], None]]:
+    """``on_progress(phase, done, total)`` for a long command's phases (a training command's teacher
+    pass, its steps): a rich bar per phase on a terminal. Where stderr is a log or a pipe, rich draws
+    nothing until the command ends, so a half-hour job looked dead there; it gets a plain line per
+    phase instead, at its first report, at most every ``every_s`` seconds after, and at its end, as
+    tqdm writes to a log. ``labels`` name the phases."""
+    console = stderr_console()
+    if console.is_terminal:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TimeRemainingColumn())
+        with Progress(*columns, console=console, transient=False) as progress:
+            tasks: dict[str, int] = {}
+
+            def on_bar(phase: str, done: int, total: int) -> None:
+                if phase not in tasks:
+                    tasks[phase] = progress.add_task(labels.get(phase, phase), total=total)
+                progress.update(tasks[phase], completed=done, total=total)
+
+            yield on_bar
+        return
+    started: dict[str, float] = {}
+    printed: dict[str, float] = {}
+
+    def on_line(phase: str, done: int, total: int) -> None:
+        now = clock()
+        start = started.setdefault(phase, now)
+        if done < total and now - printed.get(phase, -math.inf) < every_s:
+            return
+        printed[phase] = now
+        elapsed = now - start
+        line = f"{labels.get(phase, phase)}: {done}/{total}"
+        if total:
+            line += f" ({100 * done / total:.0f}%)"
+        line += f", {_duration(elapsed)} elapsed"
+        if 0 < done < total and elapsed >= 1:  # from the first report on: no rate before it
+            line += f", about {_duration(elapsed * (total - done) / done)} left"
+        console.print(line, markup=False, highlight=False)
+
+    yield on_line
 
 
 def repository_root() -> Path:

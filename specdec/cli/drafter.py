@@ -14,7 +14,7 @@ from typing import Optional
 import typer
 
 from ..errors import InputError, SpecdecError
-from .common import stderr_console
+from .common import phase_progress, set_up_logging, stderr_console
 
 drafter_app = typer.Typer(help="Train drafters for a target model.", no_args_is_help=True)
 
@@ -62,12 +62,12 @@ def train(
 ):
     """Run the target over the corpus, fit a one-layer head to its hidden states, save it to --out."""
     import torch
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ..prompts import read_corpus
     from ..training.hidden_state import train_hidden_state_head
 
+    set_up_logging()
     if threads:
         torch.set_num_threads(threads)
     console = stderr_console()
@@ -83,17 +83,7 @@ def train(
             tokenizer = AutoTokenizer.from_pretrained(target)
         if max_tokens:
             texts = first_tokens(texts, tokenizer, max_tokens)
-        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   TimeRemainingColumn())
-        with Progress(*columns, console=console, transient=False) as progress:
-            tasks: dict[str, int] = {}
-            labels = {"features": "target hidden states (rows)", "train": "head steps"}
-
-            def on_progress(phase: str, done: int, total: int) -> None:
-                if phase not in tasks:
-                    tasks[phase] = progress.add_task(labels.get(phase, phase), total=total)
-                progress.update(tasks[phase], completed=done, total=total)
-
+        with phase_progress({"features": "target hidden states (rows)", "train": "head steps"}) as on_progress:
             report = train_hidden_state_head(
                 model, texts, out, tokenizer=tokenizer, vocab=vocab, length=length, epochs=epochs,
                 batch_size=batch_size, lr=lr, schedule=schedule, unroll=unroll, init=init, holdout=holdout, seed=seed,
@@ -103,7 +93,7 @@ def train(
         typer.echo(f"Error: {exc}", err=True)
         raise typer.Exit(2) from None
     typer.echo(report.summary())
-    typer.echo(f'Use it with:\n[drafter]\nuse = "hidden_state"\nhead = "{report.path}"')
+    typer.echo(f'Use it with:\n[drafter]\nuse = "hidden-state"\nhead = "{report.path}"')
 
 
 @drafter_app.command("distill-whisper")
@@ -218,11 +208,11 @@ def _on_whisper(target: str, threads: int, fit, steps: str):
     """Load the Whisper ``target`` (a folder or a fetched name) and its processor, then run
     ``fit(model, processor, on_progress)`` under progress bars; errors end the command with code 2."""
     import torch
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from ..config import resolve_model
     from ..core.models import load_pretrained
 
+    set_up_logging()
     if threads:
         torch.set_num_threads(threads)
     console = stderr_console()
@@ -233,18 +223,9 @@ def _on_whisper(target: str, threads: int, fit, steps: str):
         with console.status(f"loading {path}"):
             model = load_pretrained(WhisperForConditionalGeneration, path, dtype=torch.float32, who="--target")
             processor = AutoProcessor.from_pretrained(str(path))
-        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   TimeRemainingColumn())
-        with Progress(*columns, console=console, transient=False) as progress:
-            tasks: dict[str, int] = {}
-            labels = {"teacher": "target: encoder + transcripts", "teacher logits": "target: distributions",
-                      "teacher states": "target: decoder states", "train": steps}
-
-            def on_progress(phase: str, done: int, total: int) -> None:
-                if phase not in tasks:
-                    tasks[phase] = progress.add_task(labels.get(phase, phase), total=total)
-                progress.update(tasks[phase], completed=done, total=total)
-
+        labels = {"teacher": "target: encoder + transcripts", "teacher logits": "target: distributions",
+                  "teacher states": "target: decoder states", "train": steps}
+        with phase_progress(labels) as on_progress:
             return fit(model, processor, on_progress)
     except (SpecdecError, OSError) as exc:
         typer.echo(f"Error: {exc}", err=True)
