@@ -101,6 +101,7 @@ def test_phases_report_as_plain_lines_where_stderr_is_not_a_terminal(capsys):
         for done, at in [(8, 100.0), (16, 110.0), (24, 131.0), (32, 140.0), (40, 162.0)]:
             now[0] = at
             on_progress("teacher", done, 40)
+        on_progress("teacher", 40, 40)  # reported twice at its end: one line
         now[0] = 170.0
         on_progress("train", 1, 300)
     lines = capsys.readouterr().err.splitlines()

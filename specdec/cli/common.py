@@ -87,12 +87,15 @@ def phase_progress(labels: dict[str, str], every_s: float = 30.0,
         return
     started: dict[str, float] = {}
     printed: dict[str, float] = {}
+    ended: set[str] = set()
 
     def on_line(phase: str, done: int, total: int) -> None:
         now = clock()
         start = started.setdefault(phase, now)
-        if done < total and now - printed.get(phase, -math.inf) < every_s:
+        if done < total and now - printed.get(phase, -math.inf) < every_s or phase in ended:
             return
+        if done >= total:
+            ended.add(phase)
         printed[phase] = now
         elapsed = now - start
         line = f"{labels.get(phase, phase)}: {done}/{total}"
