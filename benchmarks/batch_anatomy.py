@@ -2,12 +2,14 @@
 
     OMP_NUM_THREADS=1 python benchmarks/batch_anatomy.py [--drafter ngram|model] [--batch-size 16] \
         [--num-prompts 64] [--ks 0,1,2] [--cost-aware] [--variants name=value[,...] ...] [--mixed 1,2] \
+        [--constants name=value[,...] ...] \
         [--repeats 3] [--both-caches]
 
 Each batch of ``--batch-size`` prompts is decoded greedily by ``target.generate`` and then by each
 contender (constant k for each of ``--ks``, and ``cost-aware`` with ``--cost-aware``) before the
 next batch, so that a noisy neighbour slows all alike. Each ``--variants`` entry adds a
-``cost-aware`` contender with those options set (e.g. ``objective=expected-makespan``).
+``cost-aware`` contender with those options set (e.g. ``objective=expected-makespan``), each
+``--constants`` entry a ``constant`` one (e.g. ``k=5,max_batch=4``).
 ``--mixed`` adds a contender that draws its k at every iteration from the given ones (seeded):
 whether changing k from one iteration to the next costs anything beyond each k's own iterations
 (a policy that chooses k per iteration changes it). Printed per contender: its rate against
@@ -97,6 +99,7 @@ def main():
     parser.add_argument("--ks", default="0,1,2", help="constant k contenders, comma-separated")
     parser.add_argument("--cost-aware", action="store_true", help="cost-aware as a contender too")
     parser.add_argument("--variants", nargs="*", default=[], help="more cost-aware contenders, options name=value[,...]")
+    parser.add_argument("--constants", nargs="*", default=[], help="more constant contenders, options name=value[,...]")
     parser.add_argument("--mixed", default=None, help="a contender drawing k per iteration from these, comma-separated")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--both-caches", action="store_true", help="each contender with transformers' DynamicLayer too")
@@ -114,6 +117,9 @@ def main():
     for variant in args.variants:
         options = parse_options("policy", "cost-aware", variant.split(","), "--variants")
         policies[f"cost-aware {variant}"] = lambda options=options: CostAwareLookahead(**options)
+    for variant in args.constants:
+        options = parse_options("policy", "constant", variant.split(","), "--constants")
+        policies[f"constant {variant}"] = lambda options=options: ConstantLookahead(**options)
     caches = ("in place", "concatenated") if args.both_caches else ("in place",)
     grow = cache_module.grow_in_place
     contenders = {}

@@ -1,5 +1,5 @@
-"""Policies ``draft-confidence`` and ``target-confidence``: their decisions on hand-made inputs,
-the rule they enforce inside the loop, and greedy exactness with them."""
+"""Policies ``constant`` (its batch-size cap), ``draft-confidence`` and ``target-confidence``: their
+decisions on hand-made inputs, the rule they enforce inside the loop, and greedy exactness with them."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from specdec import ConfigError, SpeculativeDecoder, Step, Verdict
 from specdec.core.types import Draft
 from specdec.drafters import ModelDrafter
 from specdec.plugins import get_registry
-from specdec.policies import DraftConfidenceLookahead, TargetConfidenceLookahead
+from specdec.policies import ConstantLookahead, DraftConfidenceLookahead, TargetConfidenceLookahead
 from specdec.policies.cost_aware import CostFit, bucket_of
 from specdec.policies.draft_confidence import CostStop
 from specdec.verifiers import GreedyVerifier
@@ -114,6 +114,40 @@ def step_with_width(rows, width: int) -> Step:
         finished_host=torch.zeros(batch, dtype=torch.bool),
         appended_tokens=zeros[:, None],
     )
+
+
+class TestConstantBatchCap:
+    """``constant`` with ``max_batch``: plain target steps while more rows than that are decoding."""
+
+    def test_decisions(self):
+        policy = ConstantLookahead(k=3, max_batch=2)
+        assert policy.lookahead(SimpleNamespace(active=3)).tolist() == [0, 0, 0]
+        assert policy.lookahead(SimpleNamespace(active=2)).tolist() == [3, 3]
+        assert ConstantLookahead(k=3).lookahead(SimpleNamespace(active=64)).tolist() == [3] * 64
+
+    @pytest.mark.parametrize("value", [0, -1, "two", True, 1.5])
+    def test_invalid_caps_name_the_field(self, value):
+        with pytest.raises(ConfigError, match="max_batch"):
+            get_registry().create("policy", "constant", {"max_batch": value})
+
+    def test_in_the_loop_the_batch_drafts_once_rows_have_left_and_output_is_greedy(self, target, draft_model):
+        input_ids, mask = left_padded(PROMPTS)
+        plain = target.generate(input_ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False)
+        # An eos that the first row says early and the others later or never: rows leave one by one.
+        first_new = plain[0, input_ids.shape[1]:].tolist()
+        eos = next(t for t in first_new[2:] if all(t not in row[input_ids.shape[1]:][:6].tolist() for row in plain[1:]))
+        expected = target.generate(input_ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False,
+                                   eos_token_id=eos, pad_token_id=0)
+        recorder = Recorder()
+        decoder = SpeculativeDecoder(target=target, drafter=ModelDrafter(draft_model),
+                                     policy=ConstantLookahead(k=3, max_batch=3), verifier=GreedyVerifier(),
+                                     observers=[recorder])
+        out = decoder.generate(input_ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False,
+                               eos_token_id=eos, pad_token_id=0)
+        assert torch.equal(out.sequences, expected)
+        sizes = [(len(step.rows_host), int(step.drafted_host.sum())) for step in recorder.steps]
+        assert any(rows > 3 for rows, _ in sizes) and all(drafted == 0 for rows, drafted in sizes if rows > 3)
+        assert any(drafted > 0 for rows, drafted in sizes if rows <= 3), sizes
 
 
 class TestDraftConfidence:
@@ -282,3 +316,15 @@ class TestAutoThresholds:
     def test_other_strings_are_config_errors(self, name):
         with pytest.raises(ConfigError, match="threshold"):
             get_registry().create("policy", name, {"threshold": "automatic"})
+
+
+def test_the_batch_cap_is_read_from_a_plugins_toml(tmp_path):
+    from specdec.config import SpecdecConfig
+
+    toml = tmp_path / "plugins.toml"
+    toml.write_text('[target]\nmodel = "unused"\n[drafter]\nuse = "ngram"\n[policy]\nuse = "constant"\nk = 4\nmax_batch = 4\n')
+    _, policy, _, _ = SpecdecConfig.from_toml(toml).build_components()
+    assert (policy.k, policy.max_batch) == (4, 4)
+    toml.write_text('[target]\nmodel = "unused"\n[drafter]\nuse = "ngram"\n[policy]\nuse = "constant"\nmax_batch = 0\n')
+    with pytest.raises(ConfigError, match=r"plugins.toml.*'max_batch' must be >= 1"):
+        SpecdecConfig.from_toml(toml).build_components()

@@ -18,14 +18,25 @@ def integer(minimum: int) -> list:
 
 @attrs.define(eq=False)
 class ConstantLookahead(LookaheadPolicy):
-    """Draft ``k`` tokens per row per iteration (0: plain target decoding)."""
+    """Draft ``k`` tokens per row per iteration (0: plain target decoding).
+
+    ``max_batch``: while more rows than this are decoding, take plain target steps instead (None,
+    the default: always draft). vLLM's ``speculative_disable_by_batch_size`` in a batch's terms:
+    a padded verify costs every row the widest draft, and on a CPU a batch pays for drafting more
+    than a single row does (on the bundled pair, constant k = 5 runs 1.45x of the target at batch 1
+    and 0.75-0.94x at batch 16; ``docs/benchmarks.md``, "At a glance"). Rows leave the batch as they
+    finish, so a batch that starts above the cap drafts once few enough rows are left. Where the
+    break-even batch size is not known, ``cost-aware`` measures it.
+    """
 
     name = "constant"
 
     k: int = attrs.field(default=5, validator=integer(0))
+    max_batch: int | None = attrs.field(default=None, validator=attrs.validators.optional(integer(1)))
 
     def lookahead(self, state) -> torch.Tensor:
-        return torch.full((state.active,), self.k, dtype=torch.long)
+        plain = self.max_batch is not None and state.active > self.max_batch
+        return torch.full((state.active,), 0 if plain else self.k, dtype=torch.long)
 
 
 @hookimpl
