@@ -167,6 +167,9 @@ def contenders(run: str, target, head, heuristic_max: int, only=(), other_head=N
                                                                                CostAwareLookahead(per_position=True))
         found[f"{behind} draft-confidence auto +{count} alternatives"] = spec(behind_lookup(alternatives=count),
                                                                              confidence_auto())
+        # Prompt lookup's long runs on summaries: the constant's k = 10 against cost-aware's max_k = 8.
+        found[f"{behind} cost-aware max_k=10 +{count} alternatives"] = spec(behind_lookup(alternatives=count),
+                                                                            CostAwareLookahead(max_k=10))
     # Multi-token steps on torch's own linear path instead of oneDNN-packed weights (core/packed_linear.py).
     found["specdec hidden_state k=3 (unpacked)"] = spec(HiddenStateDrafter(head), ConstantLookahead(k=3), packed=False)
     found["specdec ngram>=2 k=10 (unpacked)"] = spec(NGramDrafter(max_ngram=3, min_ngram=2), ConstantLookahead(k=10),
