@@ -4,8 +4,8 @@
         --out /tmp/everyday_answers.jsonl --count 384 --tokens 160 --threads 2
 
 The Whisper draft's training speech (``build_speech_train_prose.py``) was technical prose only
-(docstrings, manuals, READMEs), and on spoken everyday sentences the draft agreed with base
-less than on held-out technical prose (65% against 79% teacher-forced top-1; ``docs/whisper.md``).
+(docstrings, manuals, READMEs), and on spoken everyday sentences the draft agreed with base less
+than on held-out training speech (65% against 70-79% teacher-forced top-1; ``docs/whisper.md``).
 No everyday text ships with Python or its packages, but a chat model answers everyday prompts:
 the explanation and creative prompts of ``chat_corpus.py`` (explain a thing, how something works,
 a difference, a story or poem about a topic; none of them the SmolLM2 benchmark's held-out ones),

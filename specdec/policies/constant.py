@@ -24,7 +24,7 @@ class ConstantLookahead(LookaheadPolicy):
     the default: always draft). vLLM's ``speculative_disable_by_batch_size`` in a batch's terms:
     a padded verify costs every row the widest draft, and on a CPU a batch pays for drafting more
     than a single row does (on the bundled pair, constant k = 5 runs 1.45x of the target at batch 1
-    and 0.75-0.94x at batch 16; ``docs/benchmarks.md``, "At a glance"). Rows leave the batch as they
+    and 0.66-0.94x at batch 16; ``docs/benchmarks.md``, "At a glance"). Rows leave the batch as they
     finish, so a batch that starts above the cap drafts once few enough rows are left. Where the
     break-even batch size is not known, ``cost-aware`` measures it.
     """
