@@ -292,7 +292,7 @@ class TestOutputIsTheText:
         assert result.exit_code == 0, result.output
         components = json.loads(result.stdout)["components"]
         assert components["drafter"] == {"name": "ngram", "options": {"max_ngram": 2, "min_ngram": 1}}
-        assert components["policy"] == {"name": "constant", "options": {"k": 2}}
+        assert components["policy"] == {"name": "constant", "options": {"k": 2, "max_batch": None}}
         assert components["verifier"]["name"] == "greedy"
 
 
