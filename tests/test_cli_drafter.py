@@ -111,3 +111,45 @@ def test_phases_report_as_plain_lines_where_stderr_is_not_a_terminal(capsys):
         "target: encoder + transcripts: 40/40 (100%), 1m02s elapsed",
         "train: 1/300 (0%), 0s elapsed",
     ]
+
+
+def test_phases_draw_bars_on_a_terminal():
+    """On a real pseudo-terminal the phases are rich bars (a bar of ━, the count done of total),
+    not the plain lines a log gets."""
+    import os
+    import pty
+    import select
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import time
+        from specdec.cli.common import phase_progress
+        with phase_progress({"train": "head steps"}) as on_progress:
+            for done in range(1, 4):
+                on_progress("train", done, 3)
+                time.sleep(0.2)
+    """)
+    leader, follower = pty.openpty()
+    env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": "100"}
+    env.pop("NO_COLOR", None)
+    process = subprocess.Popen([sys.executable, "-c", script], stdin=follower, stdout=follower, stderr=follower, env=env)
+    os.close(follower)
+    seen = b""
+    while True:
+        ready, _, _ = select.select([leader], [], [], 60)
+        if not ready:
+            break
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # the process closed the terminal
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(leader)
+    text = seen.decode(errors="replace")
+    assert process.wait(timeout=60) == 0, text
+    assert "head steps" in text and "3/3" in text and "━" in text, text
+    assert "elapsed" not in text, text
