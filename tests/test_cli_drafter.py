@@ -1,5 +1,6 @@
 """``specdec drafter train`` (specdec/cli/drafter.py): reads a corpus, trains a head, saves it; bad input
-is a clear error, not a traceback."""
+is a clear error, not a traceback. And how the long commands (training, ``bench``) report progress on
+a terminal and in a log (specdec/cli/common.py)."""
 
 from __future__ import annotations
 
@@ -153,3 +154,20 @@ def test_phases_draw_bars_on_a_terminal():
     assert process.wait(timeout=60) == 0, text
     assert "head steps" in text and "3/3" in text and "━" in text, text
     assert "elapsed" not in text, text
+
+
+def test_a_long_commands_status_reports_as_plain_lines_where_stderr_is_not_a_terminal(capsys):
+    """``specdec bench``'s status in a log: its first message, then at most one every 30 s."""
+    from specdec.cli.common import status_progress
+
+    now = [10.0]
+    with status_progress("loading models", clock=lambda: now[0]) as on_status:
+        for at, message in [(12.0, "batch 1: warm-up: target"), (41.0, "batch 1: repeat 1/3, batch 1/4: specdec"),
+                            (75.0, "batch 1: repeat 2/3, batch 3/4: target"), (80.0, "batch 4: repeat 1/3")]:
+            now[0] = at
+            on_status(message)
+    assert capsys.readouterr().err.splitlines() == [
+        "loading models (0s elapsed)",
+        "batch 1: repeat 1/3, batch 1/4: specdec (31s elapsed)",
+        "batch 1: repeat 2/3, batch 3/4: target (1m05s elapsed)",
+    ]

@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from .common import CONFIG_HELP, fail, is_terminal, load_config, set_up_logging, stderr_console
+from .common import CONFIG_HELP, fail, is_terminal, load_config, set_up_logging, status_progress, stderr_console
 
 
 def _parse_list(value: str, what: str, cast=str) -> list:
@@ -76,19 +76,16 @@ def bench(
     import attrs
     import torch
     from rich.console import Console
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
     from ..bench import run_bench
 
     errors = stderr_console()
     try:
-        with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=errors, transient=True) as progress:
-            task = progress.add_task("loading models")
+        with status_progress("loading models") as on_status:
             rows = run_bench(
                 spec, prompts, sizes, methods, max_new_tokens=max_new_tokens, repeats=repeats, warmup=warmup,
-                assisted=assisted, sampling=sampling,
-                on_progress=lambda message: progress.update(task, description=message),
+                assisted=assisted, sampling=sampling, on_progress=on_status,
             )
     except SpecdecError as exc:
         raise fail(str(exc)) from None

@@ -109,6 +109,36 @@ def phase_progress(labels: dict[str, str], every_s: float = 30.0,
     yield on_line
 
 
+@contextlib.contextmanager
+def status_progress(first: str, every_s: float = 30.0,
+                    clock: Callable[[], float] = time.monotonic) -> Iterator[Callable[[str], None]]:
+    """``on_status(message)`` for a long command whose progress is a message (``specdec bench``: the
+    repeat, batch and contender at work): a spinner with the message and the time on a terminal,
+    gone at the end. Where stderr is a log or a pipe, a plain line at the first message and at most
+    every ``every_s`` seconds after, with the time elapsed (rich would write nothing there, and a
+    grid runs for half an hour). ``first`` is the message until the command sends one."""
+    console = stderr_console()
+    if console.is_terminal:
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
+                      transient=True) as progress:
+            task = progress.add_task(first)
+            yield lambda message: progress.update(task, description=message)
+        return
+    start, printed = clock(), [-math.inf]
+
+    def on_line(message: str) -> None:
+        now = clock()
+        if now - printed[0] < every_s:
+            return
+        printed[0] = now
+        console.print(f"{message} ({_duration(now - start)} elapsed)", markup=False, highlight=False)
+
+    on_line(first)
+    yield on_line
+
+
 def repository_root() -> Path:
     """The folder above the ``specdec`` package: the repository root of a clone / editable install."""
     return Path(__file__).resolve().parent.parent.parent
