@@ -144,8 +144,22 @@ def package_texts(package: str) -> list[str]:
 
 def file_texts(path: Path) -> list[str]:
     """The ``answer`` field (else ``text``) of every line of a JSON Lines file."""
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    return [row.get("answer", row.get("text", "")) for row in rows]
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise SystemExit(f"--texts {path}: cannot read it ({exc.strerror or exc})") from None
+    texts = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise SystemExit(f"--texts {path}, line {number}: not JSON ({exc.msg})") from None
+        if not isinstance(row, dict) or not isinstance(row.get("answer", row.get("text")), str):
+            raise SystemExit(f"--texts {path}, line {number}: needs an 'answer' or 'text' string")
+        texts.append(row.get("answer", row.get("text")))
+    return texts
 
 
 def metadata_texts() -> list[str]:

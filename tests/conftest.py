@@ -185,3 +185,34 @@ def drafts_and_budgets(steps, max_tokens: int, new_tokens: int):
             if int(step.drafted_host[b]):
                 yield step, b, min(max_tokens, new_tokens - done - 1)
             committed[row] = done + int(step.appended_host[b])
+
+
+def run_on_a_terminal(script: str, **env) -> tuple[int, str]:
+    """Run the Python ``script`` with stdin, stdout and stderr on a real pseudo-terminal (100 columns,
+    colour allowed, ``env`` added); its exit code and everything it wrote there."""
+    import os
+    import pty
+    import select
+    import subprocess
+    import sys
+
+    leader, follower = pty.openpty()
+    environment = {**os.environ, "TERM": "xterm-256color", "COLUMNS": "100", **env}
+    environment.pop("NO_COLOR", None)
+    process = subprocess.Popen([sys.executable, "-c", script], stdin=follower, stdout=follower, stderr=follower,
+                               env=environment)
+    os.close(follower)
+    seen = b""
+    while True:
+        ready, _, _ = select.select([leader], [], [], 60)
+        if not ready:
+            break
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # the process closed the terminal
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(leader)
+    return process.wait(timeout=60), seen.decode(errors="replace")

@@ -56,3 +56,13 @@ class TestSummaryPrompts:
         used = {t.split("\n\n")[0] for t in corpus.SUMMARY_TEMPLATES}
         assert asked - used, "every phrasing of the benchmark is trained on"
         assert "Give me a short summary of this text:" not in used
+
+
+class TestEverydayText:
+    def test_everyday_prompts_are_explanations_and_stories_only_and_never_held_out(self):
+        everyday = load("everyday_text")
+        prompts = everyday.everyday_prompts(300, seed=44)
+        assert len(prompts) == len({p["prompt"] for p in prompts}) == 300
+        assert {p["kind"] for p in prompts} == {"explain", "creative"}  # prose to speak, no code
+        assert not {p["prompt"] for p in heldout()} & {p["prompt"] for p in prompts}
+        assert everyday.everyday_prompts(300, seed=44) == prompts  # the same file on every machine

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from specdec.cli import app
 
+from .conftest import run_on_a_terminal
 from .saved_pair import save_pair
 from .test_pair import PAIR, needs_pair
 
@@ -644,10 +645,6 @@ def test_a_notice_prints_above_a_live_progress_bar_on_a_terminal():
     """A first run's packing notice comes while the ``progress`` observer's bar is drawn (the draft
     model's first step): on a terminal it must print on a line of its own above the bar, not run
     into the bar's line and leave a stale copy of the bar behind. A real pseudo-terminal, a real bar."""
-    import pty
-    import select
-    import subprocess
-    import sys
     import textwrap
 
     script = textwrap.dedent("""
@@ -663,26 +660,8 @@ def test_a_notice_prints_above_a_live_progress_bar_on_a_terminal():
         time.sleep(0.4)
         bar.on_finish(None, None)
     """)
-    leader, follower = pty.openpty()
-    env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": "100", "SPECDEC_VERBOSITY": "info"}
-    env.pop("NO_COLOR", None)
-    process = subprocess.Popen([sys.executable, "-c", script], stdin=follower, stdout=follower, stderr=follower, env=env)
-    os.close(follower)
-    seen = b""
-    while True:
-        ready, _, _ = select.select([leader], [], [], 60)
-        if not ready:
-            break
-        try:
-            chunk = os.read(leader, 4096)
-        except OSError:  # the process closed the terminal
-            break
-        if not chunk:
-            break
-        seen += chunk
-    os.close(leader)
-    assert process.wait(timeout=60) == 0, seen.decode(errors="replace")
-    text = seen.decode(errors="replace")
+    code, text = run_on_a_terminal(script, SPECDEC_VERBOSITY="info")
+    assert code == 0, text
     assert "specdec: timing 5 weight shapes" in text, text
     before = text[: text.index("specdec: timing")]
     line = before[max(before.rfind("\r"), before.rfind("\n")) + 1 :]  # what the notice's line already held

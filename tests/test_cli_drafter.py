@@ -14,6 +14,8 @@ from specdec.cli.drafter import drafter_app, first_tokens
 from specdec.prompts import read_corpus
 from specdec.errors import InputError
 
+from .conftest import run_on_a_terminal
+
 PAIR = Path(__file__).resolve().parent.parent / "models" / "python-pair" / "target"
 runner = CliRunner()
 
@@ -117,11 +119,6 @@ def test_phases_report_as_plain_lines_where_stderr_is_not_a_terminal(capsys):
 def test_phases_draw_bars_on_a_terminal():
     """On a real pseudo-terminal the phases are rich bars (a bar of ━, the count done of total),
     not the plain lines a log gets."""
-    import os
-    import pty
-    import select
-    import subprocess
-    import sys
     import textwrap
 
     script = textwrap.dedent("""
@@ -132,26 +129,8 @@ def test_phases_draw_bars_on_a_terminal():
                 on_progress("train", done, 3)
                 time.sleep(0.2)
     """)
-    leader, follower = pty.openpty()
-    env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": "100"}
-    env.pop("NO_COLOR", None)
-    process = subprocess.Popen([sys.executable, "-c", script], stdin=follower, stdout=follower, stderr=follower, env=env)
-    os.close(follower)
-    seen = b""
-    while True:
-        ready, _, _ = select.select([leader], [], [], 60)
-        if not ready:
-            break
-        try:
-            chunk = os.read(leader, 4096)
-        except OSError:  # the process closed the terminal
-            break
-        if not chunk:
-            break
-        seen += chunk
-    os.close(leader)
-    text = seen.decode(errors="replace")
-    assert process.wait(timeout=60) == 0, text
+    code, text = run_on_a_terminal(script)
+    assert code == 0, text
     assert "head steps" in text and "3/3" in text and "━" in text, text
     assert "elapsed" not in text, text
 

@@ -110,6 +110,13 @@ class TestCostModel:
             assert costs[k] == pytest.approx(shrunk)
         assert costs[3] == pytest.approx(a + b * 3)
         assert costs[4] < a + b * 4 and costs[5] > a + b * 5  # the line alone would hide both
+        once = CostFit(log_batch=0.0)  # a cell seen once weighs a third against the line (prior 2)
+        for k, seconds in [(1, 10.0), (3, 14.0), (5, 18.0)]:
+            for _ in range(20):
+                once.add(k, seconds, decay=1.0)
+        once.add(2, 30.0, decay=1.0)
+        line = CostFit._line(once._cells(1e-3))
+        assert once.costs([2])[2] == pytest.approx((30.0 + CostFit.CELL_PRIOR * (line[0] + 2 * line[1])) / (1 + CostFit.CELL_PRIOR))
 
     def test_a_fits_answer_is_kept_until_its_next_timing(self):
         """The makespan reads every bucket's costs at each iteration: a fit answers the same ks from
@@ -122,13 +129,6 @@ class TestCostModel:
         fit.add(2, 30.0, decay=1.0)
         again = fit.costs([0, 1, 2])
         assert again is not first and again[2] > first[2] + 5.0
-        once = CostFit(log_batch=0.0)  # a cell seen once weighs a third against the line (prior 2)
-        for k, seconds in [(1, 10.0), (3, 14.0), (5, 18.0)]:
-            for _ in range(20):
-                once.add(k, seconds, decay=1.0)
-        once.add(2, 30.0, decay=1.0)
-        line = CostFit._line(once._cells(1e-3))
-        assert once.costs([2])[2] == pytest.approx((30.0 + CostFit.CELL_PRIOR * (line[0] + 2 * line[1])) / (1 + CostFit.CELL_PRIOR))
 
     def test_the_choice_follows_a_cheap_k_off_the_line(self):
         """The bundled pair's model drafter on the Zen 3 EPYC (stop 27): k = 4 costs 2.13 plain

@@ -128,3 +128,12 @@ class TestTrainingProse:
         ]
         with pytest.raises(SystemExit, match="--texts"):
             prose.source_sentences(["texts"])
+        broken = tmp_path / "broken.jsonl"
+        broken.write_text('{"answer": "Fine."}\n{"answer": \n', encoding="utf-8")
+        with pytest.raises(SystemExit, match=r"broken.jsonl, line 2: not JSON"):
+            prose.source_sentences(["texts"], texts=broken)
+        broken.write_text('{"kind": "explain"}\n', encoding="utf-8")
+        with pytest.raises(SystemExit, match=r"line 1: needs an 'answer' or 'text' string"):
+            prose.source_sentences(["texts"], texts=broken)
+        with pytest.raises(SystemExit, match=r"missing.jsonl: cannot read it"):
+            prose.source_sentences(["texts"], texts=tmp_path / "missing.jsonl")
