@@ -742,7 +742,27 @@ class TestProbing:
         assert policy._backoff == 2 and policy._probe_best is not None
         fed(policy, 1, {0: 1.0, 1: 50.0, 8: 400.0}, repeats=30)  # drafting became dear: the best k moves to 0
         assert policy.choose(1, alpha, budget).k == 0
-        assert policy._backoff == 1
+        assert policy._backoff == 2  # watched: a move undone within PROBE_WATCH choices is not one
+        for _ in range(policy.PROBE_WATCH):
+            assert policy.choose(1, alpha, budget).best_k == 0
+        assert policy._backoff == 1 and policy._probe_moved is None  # it held
+
+    def test_a_move_undone_within_the_watch_confirms_the_old_choice(self):
+        """One lucky timing of a probe's drafted iteration can move the best k for an iteration or
+        two; the fit's next timings move it back. That probe confirmed the old k: the backoff grows."""
+        policy = fed(CostAwareLookahead(probe_rate=0.25, probe_backoff=8), 1, {0: 10.0, 1: 11.0, 8: 18.0})
+        alpha, budget = torch.tensor([0.9]), torch.tensor([100])
+        for _ in range(12):  # probes at 3 and 11
+            policy.choose(1, alpha, budget)
+        assert policy._backoff == 2 and policy._probe_best is not None
+        first, fits = policy._probe_best, policy._fits
+        policy._fits = fed(CostAwareLookahead(), 1, {0: 1.0, 1: 50.0, 8: 400.0})._fits  # for a moment, drafting looks dear
+        policy._costs_stamp = -1  # the predicted costs are kept per fit timings: these are other fits
+        assert policy.choose(1, alpha, budget).best_k == 0 != first
+        assert policy._probe_moved == (first, policy.PROBE_WATCH) and policy._backoff == 2
+        policy._fits, policy._costs_stamp = fits, -1  # and then not
+        assert policy.choose(1, alpha, budget).best_k == first
+        assert policy._backoff == 4 and policy._probe_moved is None
 
     def test_no_probes_at_rate_zero(self):
         policy = fed(CostAwareLookahead(probe_rate=0.0), 1, {0: 10.0, 1: 11.0, 8: 18.0})

@@ -116,7 +116,9 @@ forward passes and no host syncs of its own:
   the prompt alone);
   each probe that leaves the best k where it was makes the next one
   twice as rare, up to ``probe_backoff`` times, and a probe that moves it restores the rate: where
-  speculation keeps not paying, probing (a drafted iteration at a loss) costs less and less.
+  speculation keeps not paying, probing (a drafted iteration at a loss) costs less and less. A move
+  is watched for ``PROBE_WATCH`` choices: one undone within them (a lucky timing of the probe's
+  drafted iteration) counts as the probe confirming the old k.
 * **First-position alternatives** (``Draft.alternatives``, greedy decoding) widen the verify by a
   column each, and what a column costs depends on the CPU: on an AMD EPYC SmolLM2's 3-token verify
   and its 5-token one cost about the same, and alternatives ran 1.98x against 1.84x without; on an
@@ -459,6 +461,12 @@ class CostAwareLookahead(LookaheadPolicy):
 
     name = "cost-aware"
     MAX_HISTORY_STRENGTH = 100.0
+    # Choices after a probe that moved the best k during which a return to the old one counts as
+    # the probe confirming it. One lucky timing of a probe's drafted iteration moved it for two or
+    # three iterations at a time, and each such move reset the backoff: at batch 16 on a Zen 3 EPYC,
+    # where no k paid, probes came at the full rate and the policy ran 0.931 of plain steps
+    # (docs/benchmarks.md, stop 45).
+    PROBE_WATCH = 8
     SPREAD_DECAY = 0.9  # per finished request
 
     min_k: int = attrs.field(default=1, validator=integer(1))
@@ -516,6 +524,8 @@ class CostAwareLookahead(LookaheadPolicy):
     _backoff: int = attrs.field(default=1, init=False, repr=False)  # probing is this many times rarer now
     _probe_best: int | None = attrs.field(default=None, init=False, repr=False)  # the best k when the last probe began
     _probe_next: int | None = attrs.field(default=None, init=False, repr=False)  # a probe's timed second iteration
+    # (the best k before a probe that moved it, choices left to watch whether the move holds)
+    _probe_moved: tuple[int, int] | None = attrs.field(default=None, init=False, repr=False)
     _pending: tuple | None = attrs.field(default=None, init=False, repr=False)
     _row_cuts: int = attrs.field(default=0, init=False, repr=False)  # state.row_cuts at the last lookahead
     _drafted: bool = attrs.field(default=False, init=False, repr=False)  # the last planned iteration drafted
@@ -850,8 +860,19 @@ class CostAwareLookahead(LookaheadPolicy):
             k, self._probe_next = self._probe_next, None
             return Decision(k=k, best_k=best, probing=True, batch=batch, costs=costs, goodput=gains)
         if self._probe_best is not None:  # the first choice after a probe: did it move the best k?
-            self._backoff = min(2 * self._backoff, self.probe_backoff) if best == self._probe_best else 1
+            if best == self._probe_best:
+                self._backoff = min(2 * self._backoff, self.probe_backoff)
+            else:
+                self._probe_moved = (self._probe_best, self.PROBE_WATCH)
             self._probe_best = None
+        elif self._probe_moved is not None:  # did the move hold?
+            before, left = self._probe_moved
+            if best == before:  # undone: the probe confirmed the old choice after all
+                self._backoff, self._probe_moved = min(2 * self._backoff, self.probe_backoff), None
+            elif left <= 1:  # it held: drafting changed, probe at the full rate again
+                self._backoff, self._probe_moved = 1, None
+            else:
+                self._probe_moved = (before, left - 1)
         k, probing = best, False
         self._probe_credit += self.probe_rate / self._backoff
         drafting = max((kk for kk in gains if kk > 0), key=lambda kk: gains[kk])  # the best speculative k
