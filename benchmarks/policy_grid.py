@@ -87,7 +87,8 @@ def main():
 
             decoders = {} if args.no_constant else {f"constant k={k}": make(ConstantLookahead(k=k)) for k in ks}
             policy = Traced() if args.decisions else CostAwareLookahead()
-            policy.log = []
+            if args.decisions:
+                policy.log = []  # Traced's records, written out after each of its batches
             decoders["cost-aware"] = make(policy)
             for variant in args.variants:
                 options = parse_options("policy", "cost-aware", variant.split(","), "--variants")
