@@ -38,6 +38,11 @@ class RereadWarning(UserWarning):
     so specdec re-reads each row's whole sequence at every forward."""
 
 
+class DraftDtypeWarning(UserWarning):
+    """A draft model in half precision beside a wider target on a CPU: exact, but its steps run
+    several times slower than they would in the target's dtype (``drafters/model.py``)."""
+
+
 class PackingWarning(UserWarning):
     """A model's multi-token steps run on torch's own linear path, not on packed weights, because
     the packed copy would not fit in the memory left (``core/packed_linear.py``)."""

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
 from specdec import ConfigError, IncompatibleModelsError, InputError, PluginError, SpeculativeDecoder
 from specdec.drafters import ModelDrafter, NGramDrafter
 from specdec.config import SpecdecConfig
+from specdec.errors import DraftDtypeWarning
 from specdec.policies import ConstantLookahead, LookaheadPolicy
 
 from .conftest import greedy_reference, left_padded_prompts, tiny_model
@@ -26,6 +29,19 @@ class TestModelsAndPlugins:
         other = tiny_model("llama", layers=1, seed=3, vocab=80)
         with pytest.raises(IncompatibleModelsError, match=r"80 tokens.*61"):
             SpeculativeDecoder(target=llama, drafter=ModelDrafter(other))
+
+    def test_a_half_precision_draft_beside_a_wider_target_on_a_cpu_is_warned_of(self, llama, recwarn):
+        # transformers 5 loads a checkpoint saved in float16 as float16 unless told otherwise; on a
+        # CPU that draft runs several times slower than in the target's dtype.
+        half = copy.deepcopy(tiny_model("llama", layers=1, seed=1)).to(torch.float16)
+        with pytest.warns(DraftDtypeWarning, match=r"drafter 'model': the draft model is float16 and the target float64.*dtype=torch.float64"):
+            decoder = SpeculativeDecoder(target=llama, drafter=ModelDrafter(half))
+        ids, mask = left_padded_prompts([5, 3])
+        assert torch.equal(decoder.generate(ids, attention_mask=mask, max_new_tokens=6).sequences,
+                           greedy_reference(llama, ids, mask, 6))
+        recwarn.clear()
+        SpeculativeDecoder(target=llama, drafter=ModelDrafter(tiny_model("llama", layers=1, seed=1)))
+        assert not [w for w in recwarn if issubclass(w.category, DraftDtypeWarning)]
 
     def test_unknown_plugin_name_lists_the_known_ones(self):
         with pytest.raises(ConfigError, match=r"unknown drafter 'ngrma'; known drafters: .*model.*ngram"):

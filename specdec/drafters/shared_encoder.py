@@ -125,6 +125,7 @@ class SharedEncoderDrafter(ModelDrafter):
                 f"hidden size {encoder_width}; a shared-encoder draft must be as wide as the target's encoder"
             )
         self._check_vocabulary(target)
+        self._check_dtype(target)
         self._shared_cross = shared_cross_attention_layers(self.model, target)
 
     def propose(self, state, max_tokens, keep_drafting):
