@@ -3,9 +3,10 @@
     OMP_NUM_THREADS=1 python benchmarks/batch_anatomy.py [--drafter ngram|model] [--batch-size 16] \
         [--num-prompts 64] [--ks 0,1,2] [--cost-aware] [--variants name=value[,...] ...] [--mixed 1,2] \
         [--constants name=value[,...] ...] \
-        [--repeats 3] [--both-caches]
+        [--repeats 3] [--both-caches] [--sampled]
 
-Each batch of ``--batch-size`` prompts is decoded greedily by ``target.generate`` and then by each
+Each batch of ``--batch-size`` prompts is decoded greedily (or with ``--sampled`` as ``policy_grid.py``
+samples: temperature 0.7, top-p 0.9, rejection sampling) by ``target.generate`` and then by each
 contender (constant k for each of ``--ks``, and ``cost-aware`` with ``--cost-aware``) before the
 next batch, so that a noisy neighbour slows all alike. Each ``--variants`` entry adds a
 ``cost-aware`` contender with those options set (e.g. ``objective=expected-makespan``), each
@@ -39,14 +40,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's specdec, not an installed copy
 
 import specdec.core.cache as cache_module  # noqa: E402
-from specdec import SpeculativeDecoder  # noqa: E402
 from specdec.core.components import Observer  # noqa: E402
 from specdec.core.hookspecs import hookimpl  # noqa: E402
-from specdec.drafters import ModelDrafter, NGramDrafter  # noqa: E402
 from specdec.config import parse_options  # noqa: E402
 from specdec.policies import ConstantLookahead, CostAwareLookahead  # noqa: E402
 
-from bundled_pair import load_bundled_pair  # noqa: E402
+from bundled_pair import bundled_decoder, load_bundled_pair  # noqa: E402
 
 KINDS = ("first", "full batch", "smaller batch", "row cuts")
 
@@ -103,7 +102,9 @@ def main():
     parser.add_argument("--mixed", default=None, help="a contender drawing k per iteration from these, comma-separated")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--both-caches", action="store_true", help="each contender with transformers' DynamicLayer too")
+    parser.add_argument("--sampled", action="store_true", help="temperature 0.7, top-p 0.9 (policy_grid.py's)")
     args = parser.parse_args()
+    sampling = dict(do_sample=True, temperature=0.7, top_p=0.9) if args.sampled else dict(do_sample=False)
     torch.set_num_threads(1)
     target, tokenizer, draft, prompts = load_bundled_pair()
     batches = [tokenizer(prompts[i : i + args.batch_size], return_tensors="pt", padding=True)
@@ -126,22 +127,21 @@ def main():
     for name, policy in policies.items():
         for cache in caches:
             anatomy = Anatomy()
-            drafter = NGramDrafter(max_ngram=3) if args.drafter == "ngram" else ModelDrafter(draft)
-            decoder = SpeculativeDecoder(target=target, drafter=drafter, policy=policy(), observers=[anatomy])
+            decoder = bundled_decoder(target, draft, args.drafter, policy(), args.sampled, observers=[anatomy])
             contenders[name if len(caches) == 1 else f"{name}, {cache}"] = (decoder, anatomy, cache)
     times = collections.defaultdict(list)
     outputs = {}
     for repeat in range(args.repeats):
         for index, batch in enumerate(batches):
             start = time.perf_counter()
-            expected = target.generate(**batch, max_new_tokens=args.max_new_tokens, do_sample=False)
+            expected = target.generate(**batch, max_new_tokens=args.max_new_tokens, **sampling)
             times["generate"].append(time.perf_counter() - start)
             for name, (decoder, _, cache) in contenders.items():
                 cache_module.grow_in_place = grow if cache == "in place" else (lambda c: c)
                 start = time.perf_counter()
-                got = decoder.generate(**batch, max_new_tokens=args.max_new_tokens, do_sample=False).sequences
+                got = decoder.generate(**batch, max_new_tokens=args.max_new_tokens, **sampling).sequences
                 times[name].append(time.perf_counter() - start)
-                outputs[name] = outputs.get(name, True) and torch.equal(got, expected)
+                outputs[name] = outputs.get(name, True) and (args.sampled or torch.equal(got, expected))
         print(f"repeat {repeat} done", file=sys.stderr, flush=True)
     cache_module.grow_in_place = grow
     base = times["generate"]

@@ -26,12 +26,14 @@ def load_bundled_pair():
     return target, tokenizer, draft, prompts
 
 
-def bundled_decoder(target, draft, drafter: str, policy, sampled: bool):
+def bundled_decoder(target, draft, drafter: str, policy, sampled: bool, observers=()):
     """A ``SpeculativeDecoder`` of the pair with ``drafter`` ("model": ``draft``; "ngram": prompt
-    lookup up to 3-grams), ``policy``, and rejection sampling if ``sampled``, greedy matching if not."""
+    lookup up to 3-grams), ``policy``, ``observers``, and rejection sampling if ``sampled``, greedy
+    matching if not."""
     from specdec import SpeculativeDecoder
     from specdec.drafters import ModelDrafter, NGramDrafter
     from specdec.verifiers import GreedyVerifier, RejectionVerifier
 
     return SpeculativeDecoder(target=target, drafter=ModelDrafter(draft) if drafter == "model" else NGramDrafter(max_ngram=3),
-                              policy=policy, verifier=RejectionVerifier() if sampled else GreedyVerifier())
+                              policy=policy, verifier=RejectionVerifier() if sampled else GreedyVerifier(),
+                              observers=list(observers))

@@ -98,7 +98,7 @@ def row_spread(rows, early) -> str:
 torch.set_num_threads(1)
 tokenizer = AutoTokenizer.from_pretrained(PAIR / "target")
 tokenizer.padding_side = "left"
-target = AutoModelForCausalLM.from_pretrained(PAIR / "target").eval()
+target = AutoModelForCausalLM.from_pretrained(PAIR / "target", dtype=torch.float32).eval()
 prompts = [json.loads(line)["prompt"] for line in (PAIR / "prompts.jsonl").read_text().splitlines()[: args.prompts]]
 drafters = {"model": lambda: ModelDrafter(str(PAIR / "draft")), "ngram": NGramDrafter}
 for name in args.drafters.split(","):
