@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def load_bundled_pair():
     """``(target, tokenizer, draft, prompts)``: ``prompts`` is every prompt text of ``prompts.jsonl``.
     The draft in the target's dtype, as ``plugins.toml`` loads it: saved in float16, it would load as
-    float16, which on a CPU ran its steps 3-4 times slower (the grids of stops 10-45 did; stop 46)."""
+    float16, which on a CPU ran its steps about 3 times slower (the grids of stops 10-45 did; stop 46)."""
     from transformers import AutoModelForCausalLM
 
     from specdec.config import SpecdecConfig

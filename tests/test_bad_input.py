@@ -8,12 +8,13 @@ import pytest
 import torch
 
 from specdec import ConfigError, IncompatibleModelsError, InputError, PluginError, SpeculativeDecoder
-from specdec.drafters import ModelDrafter, NGramDrafter
+from specdec.drafters import ModelDrafter, NGramDrafter, SharedEncoderDrafter
 from specdec.config import SpecdecConfig
 from specdec.errors import DraftDtypeWarning
 from specdec.policies import ConstantLookahead, LookaheadPolicy
 
 from .conftest import greedy_reference, left_padded_prompts, tiny_model
+from .tiny_whisper import tiny_distil_decoder, tiny_whisper
 
 
 def config(**sections):
@@ -42,6 +43,11 @@ class TestModelsAndPlugins:
         recwarn.clear()
         SpeculativeDecoder(target=llama, drafter=ModelDrafter(tiny_model("llama", layers=1, seed=1)))
         assert not [w for w in recwarn if issubclass(w.category, DraftDtypeWarning)]
+
+    def test_a_half_precision_shared_encoder_draft_is_warned_of_too(self):
+        target, draft = tiny_whisper(seed=0), tiny_distil_decoder(seed=1).to(torch.float16)
+        with pytest.warns(DraftDtypeWarning, match=r"drafter 'shared-encoder': the draft model is float16 and the target float64"):
+            SpeculativeDecoder(target=target, drafter=SharedEncoderDrafter(model=draft))
 
     def test_unknown_plugin_name_lists_the_known_ones(self):
         with pytest.raises(ConfigError, match=r"unknown drafter 'ngrma'; known drafters: .*model.*ngram"):

@@ -96,8 +96,8 @@ class ModelDrafter(Drafter):
         """Warn of a half-precision draft that a wider target on a CPU runs with: transformers 5 loads a
         checkpoint saved in float16 as float16 unless told otherwise, and most CPUs multiply in half
         precision several times slower than in float32. On a Zen 3 EPYC the bundled pair's draft read
-        16 prompts in 0.35 s in float16 against 0.05 s in float32, and every draft step took 3-4 times
-        as long, enough to make drafting lose where it pays (docs/benchmarks.md, stop 46)."""
+        16 prompts in 0.35 s in float16 against 0.05 s in float32, and every draft step took about 3
+        times as long, enough to make drafting lose where it pays (docs/benchmarks.md, stop 46)."""
         import torch
 
         half = (torch.float16, torch.bfloat16)

@@ -464,8 +464,8 @@ class CostAwareLookahead(LookaheadPolicy):
     # Choices after a probe that moved the best k during which a return to the old one counts as
     # the probe confirming it. One lucky timing of a probe's drafted iteration moved it for two or
     # three iterations at a time, and each such move reset the backoff: at batch 16 on a Zen 3 EPYC,
-    # where no k paid, probes came at the full rate and the policy ran 0.931 of plain steps
-    # (docs/benchmarks.md, stop 45).
+    # where no k paid (with the benchmarks' float16 draft, stop 46), probes came at the full rate and
+    # the policy ran 0.931 of plain steps (docs/benchmarks.md, stop 45).
     PROBE_WATCH = 8
     SPREAD_DECAY = 0.9  # per finished request
 
