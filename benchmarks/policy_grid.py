@@ -14,6 +14,12 @@ row tells the kernel's share of a speedup from the speculation's.
 
     OMP_NUM_THREADS=1 python benchmarks/policy_grid.py --out grid.json [--variants prior_strength=12 ...]
 
+Per cell it also reports ``held_out_vs_best``, ``cost-aware`` against the best constant k chosen on
+the other passes (pass by pass, the median): the best of five noisy constants measured on the same
+passes is biased upwards by the noise that made it the best. And ``vs_best_interval``, a 90%
+bootstrap interval of ``cost-aware``'s rate over the best constant's, the batches resampled: how far
+apart the two may be by this run's noise alone. ``per_batch`` keeps every batch's tokens and seconds.
+
 ``--variants`` adds ``cost-aware`` contenders with other options (each its own instance, kept
 across batch sizes like the default one), named after their options.
 
@@ -130,6 +136,7 @@ def main():
                 methods.update({name: runner(d) for name, d in decoders.items()})
                 times = {name: [] for name in methods}
                 tokens = {name: [] for name in methods}
+                per_batch = {name: [] for name in methods}  # per pass: [(new tokens, seconds)] per batch
                 stats = {name: None for name in methods}
                 exact = {}
                 load = open("/proc/loadavg").read().split()[0]
@@ -139,6 +146,7 @@ def main():
                     # Batch by batch, every method in turn; the order rotates every batch, so that no
                     # method always runs right after another (or first, or last).
                     seconds = {name: 0.0 for name in methods}
+                    batches = {name: [] for name in methods}
                     produced = {name: [] for name in methods}
                     results_of = {name: [] for name in methods}
                     for e in encoded:
@@ -147,7 +155,9 @@ def main():
                         for name in order[shift:] + order[:shift]:
                             start = time.perf_counter()
                             sequences, out = methods[name](e)
-                            seconds[name] += time.perf_counter() - start
+                            took = time.perf_counter() - start
+                            seconds[name] += took
+                            batches[name].append((int((sequences[:, e["input_ids"].shape[1]:] != pad).sum()), took))
                             if args.decisions and name == "cost-aware":
                                 with args.decisions.open("a") as log:
                                     for record in policy.log:
@@ -163,6 +173,7 @@ def main():
                         if r >= args.warmup:
                             times[name].append(seconds[name])
                             tokens[name].append(new)
+                            per_batch[name].append(batches[name])
                             if outs is not None:
                                 drafted = sum(o.stats.drafted for o in outs)
                                 steps = sum(o.stats.row_steps for o in outs)
@@ -192,10 +203,55 @@ def main():
                             # different k and disagree by 8% in one cell (docs/benchmarks.md, stop 37)
                             paired_best_constant=max(constants, key=paired.get) if constants else None,
                             paired_vs_best=paired["cost-aware"] / max(paired[n] for n in constants) if constants else None,
-                            stats=stats, exact=exact)
+                            stats=stats, exact=exact,
+                            held_out_vs_best=held_out_vs_best(paired_by_pass(tokens, times), constants),
+                            vs_best_interval=bootstrap_interval(per_batch, "cost-aware", best_constant) if constants else None,
+                            per_batch=per_batch)
                 results.append(cell)
-                print(json.dumps({k: v for k, v in cell.items() if k not in ("rates", "stats", "speedup")}), flush=True)
+                print(json.dumps({k: v for k, v in cell.items() if k not in ("rates", "stats", "speedup", "per_batch")}),
+                      flush=True)
                 Path(args.out).write_text(json.dumps(results, indent=1))
+
+
+def paired_by_pass(tokens: dict, times: dict) -> dict[str, list[float]]:
+    """Each method's rate over the target's, pass by pass."""
+    base = [n / t for n, t in zip(tokens["target alone"], times["target alone"])]
+    return {name: [n / t / b for n, t, b in zip(tokens[name], times[name], base)] for name in tokens}
+
+
+def held_out_vs_best(paired: dict[str, list[float]], constants: list[str]) -> float | None:
+    """``cost-aware`` against the best constant k chosen on the other passes: the median over passes.
+
+    The best of several constants measured on the same passes is the best plus whatever noise
+    favoured it (the winner's curse): with the constants within a few percent of each other, the
+    maximum of their noisy rates overstates the best by about one spread of a pass. Chosen on the
+    other passes, the constant's rate on this one carries no such bias. None with fewer than 2 passes."""
+    passes = len(paired["cost-aware"])
+    if passes < 2 or not constants:
+        return None
+    ratios = []
+    for r in range(passes):
+        chosen = max(constants, key=lambda name: statistics.median(v for i, v in enumerate(paired[name]) if i != r))
+        ratios.append(paired["cost-aware"][r] / paired[chosen][r])
+    return statistics.median(ratios)
+
+
+def bootstrap_interval(per_batch: dict, name: str, other: str, draws: int = 2000, seed: int = 0) -> list[float]:
+    """The 5th and 95th percentiles of ``name``'s rate over ``other``'s, the batches of every pass resampled
+    with replacement (each method's tokens over its seconds in the resampled batches; a batch's pair of
+    methods ran back to back, so a batch is resampled for both at once)."""
+    import random
+
+    units = [(a, b) for pass_a, pass_b in zip(per_batch[name], per_batch[other]) for a, b in zip(pass_a, pass_b)]
+    rng = random.Random(seed)
+    ratios = []
+    for _ in range(draws):
+        sample = [units[rng.randrange(len(units))] for _ in units]
+        mine = sum(a[0] for a, _ in sample) / sum(a[1] for a, _ in sample)
+        theirs = sum(b[0] for _, b in sample) / sum(b[1] for _, b in sample)
+        ratios.append(mine / theirs)
+    ratios.sort()
+    return [ratios[int(0.05 * draws)], ratios[int(0.95 * draws) - 1]]
 
 
 if __name__ == "__main__":
