@@ -764,6 +764,47 @@ class TestProbing:
         assert policy.choose(1, alpha, budget).best_k == first
         assert policy._backoff == 4 and policy._probe_moved is None
 
+    @staticmethod
+    def _plain_run(replan_every: int, batches: list[int]):
+        """Drives plan and on_step where drafting never pays (a plain step 10 s, each drafted token
+        20 s more, half the drafts accepted), one lookahead per entry of ``batches`` (the batch size
+        then). Returns the decisions and how often the policy chose (``choose`` calls)."""
+        ticks = Ticks(lambda k: 10.0 + 20.0 * k)
+        policy = CostAwareLookahead(clock=ticks, probe_rate=0.25, probe_backoff=1, replan_every=replan_every)
+        ticks.policy = policy
+        chosen = []
+        choose = policy.choose
+        policy.choose = lambda *args, **kwargs: chosen.append(1) or choose(*args, **kwargs)
+        state = fake_state(batches[0])
+        policy.begin(state, None)
+        decisions = []
+        for iteration, batch in enumerate(batches):
+            state.iteration, state.rows_host = iteration, torch.arange(batch)
+            state.progress_host = lambda batch=batch: ([iteration] * batch, [100] * batch)
+            k = int(policy.lookahead(state)[0])
+            decisions.append(policy.decision)
+            policy.on_step(state, step_of(list(range(batch)), [k] * batch, [k // 2] * batch))
+        return decisions, len(chosen)
+
+    def test_out_of_plain_steps_it_chooses_again_every_replan_every_iterations(self):
+        """Between two choices of k = 0 nothing that decides the next one moves fast (no draft is
+        counted, evidence only ages), so the policy chooses again every ``replan_every`` plain
+        steps, and its probes come where they would if it chose at every one (give or take an
+        iteration: between choices a probe waits for the price the last choice put on it)."""
+        every, every_eighth = self._plain_run(1, [2] * 200), self._plain_run(8, [2] * 200)
+        assert every[1] == 200
+        assert 200 / 8 < every_eighth[1] < 200 / 3  # plus the probes and the choices right after them
+        assert all(d.best_k == 0 for decisions, _ in (every, every_eighth) for d in decisions[3:])
+        probes = [[i for i, d in enumerate(decisions) if d.probing and d.k > 0] for decisions, _ in (every, every_eighth)]
+        assert len(probes[0]) == len(probes[1]) >= 20
+        assert all(0 <= b - a <= 1 for a, b in zip(*probes))
+        assert all(d.k == 0 for decisions, _ in (every, every_eighth) for d in decisions[3:] if not d.probing)
+
+    def test_a_batch_that_lost_rows_chooses_again_at_once(self):
+        decisions, _ = self._plain_run(8, [4] * 40 + [3] * 3)
+        assert decisions[39].batch == 4 and decisions[39].k == 0
+        assert decisions[40].batch == 3  # chosen again for 3 rows, not the choice made for 4
+
     def test_no_probes_at_rate_zero(self):
         policy = fed(CostAwareLookahead(probe_rate=0.0), 1, {0: 10.0, 1: 11.0, 8: 18.0})
         assert not any(policy.choose(1, torch.tensor([0.9]), torch.tensor([100])).probing for _ in range(50))
@@ -792,6 +833,8 @@ class TestOptions:
             ({"per_position": "yes"}, "per_position"),
             ({"alternatives": "sometimes"}, "alternatives"),
             ({"alternatives": True}, "alternatives"),
+            ({"replan_every": 0}, "replan_every"),
+            ({"replan_every": 2.5}, "replan_every"),
         ],
     )
     def test_invalid_options_name_the_field(self, options, field):

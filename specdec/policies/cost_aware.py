@@ -153,6 +153,11 @@ forward passes and no host syncs of its own:
   1.48 plain steps where it took 1.68, every k = 1 it chose lost, and the policy ran 0.94x of its
   own plain steps; priced apart, 0.99x (``docs/benchmarks.md``, stop 21).
 
+* **Choosing less often where nothing moves.** Out of plain steps the policy chooses again every
+  ``replan_every`` iterations (at once when the batch size changes or a probe is due): no draft is
+  counted there, the rows' evidence only ages, and choosing took 0.26 ms of a 17.7 ms plain step at
+  batch 1 on the bundled pair (1.5%, where prompt lookup never pays under sampling; stop 47).
+
 ``clock`` (default ``time.perf_counter``) is injectable so tests drive the policy with a fake clock.
 ``decisions`` keeps the last choice made (for traces and tests).
 """
@@ -301,12 +306,20 @@ class CostFit:
         it. Cells of different k are then comparable though measured at different moments (k = 0
         is mostly seen in probes)."""
         if load_rate > 0:
-            predicted = self.costs([k])
-            if predicted is not None and predicted[k] > 0:
-                self.load += load_rate * (seconds / predicted[k] - self.load)
+            predicted = self._predicted(k)
+            if predicted is not None and predicted > 0:
+                self.load += load_rate * (seconds / predicted - self.load)
             seconds = seconds / self.load
         _add_decayed(self.weight, self.mean, k, seconds, decay)
         self.changes += 1
+
+    def _predicted(self, k: int, floor: float = 1e-3) -> float | None:
+        """``costs([k])[k]``; for a plain step with a cell of its own, that cell's mean, without
+        fitting the lines (the policy times a plain step at every one out of plain steps)."""
+        if k == 0 and self.weight.get(0, 0.0) > floor and sum(w > floor for w in self.weight.values()) >= 2:
+            return self.mean[0]
+        costs = self.costs([k], floor)
+        return None if costs is None else costs[k]
 
     def _cells(self, floor: float, speculative_only: bool = False):
         return [(k, self.weight[k], self.mean[k]) for k in self.weight
@@ -483,6 +496,7 @@ class CostAwareLookahead(LookaheadPolicy):
     resume_margin: float = attrs.field(default=0.05, validator=_non_negative_number)
     per_position: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     alternatives: str = attrs.field(default="auto", validator=_alternatives)
+    replan_every: int = attrs.field(default=8, validator=integer(1))
     clock: Callable[[], float] = attrs.field(default=time.perf_counter, validator=_callable, repr=False,
                                              metadata={PYTHON_ONLY: True})
 
@@ -520,6 +534,9 @@ class CostAwareLookahead(LookaheadPolicy):
     _kept: np.ndarray = attrs.field(default=attrs.Factory(lambda self: np.zeros(self.max_k), takes_self=True),
                                     init=False, repr=False)
     _probe_credit: float = attrs.field(default=0.0, init=False, repr=False)
+    # Out of plain steps: the credit the next probe waits for, and plain steps left before choosing again
+    _plain_price: float = attrs.field(default=math.inf, init=False, repr=False)
+    _plain_left: int = attrs.field(default=0, init=False, repr=False)
     _probes: int = attrs.field(default=0, init=False, repr=False)
     _backoff: int = attrs.field(default=1, init=False, repr=False)  # probing is this many times rarer now
     _probe_best: int | None = attrs.field(default=None, init=False, repr=False)  # the best k when the last probe began
@@ -810,6 +827,7 @@ class CostAwareLookahead(LookaheadPolicy):
         self._pending = None
         self._row_cuts = 0
         self._drafted = self._drafted_in_request = False
+        self._plain_left = 0
         self._probe_next = None
         self._alt_pending = None
         self.requested = None
@@ -896,6 +914,7 @@ class CostAwareLookahead(LookaheadPolicy):
                 # batch 16 on the bundled pair the one probe priced as a resume came 11 plain steps
                 # dear and cost its pass 14% (docs/benchmarks.md, stop 32).
                 price = math.inf
+            self._plain_price = price
         if self._probe_credit >= price:
             self._probe_credit -= price
             probing = True
@@ -929,15 +948,23 @@ class CostAwareLookahead(LookaheadPolicy):
         for row, done in zip(rows, generated):
             self._generated[row] = done
         self._iteration = state.iteration
-        proposes = self._row_proposal_rates(rows)
-        self.decision = self.choose(batch, self._row_alphas(rows) if alpha is None else alpha, budget, proposes)
-        if self.alternatives == "auto":
-            read = self._read_alternatives(batch, self.decision)
-            self.decision = attrs.evolve(self.decision, alternatives=read)
-            state.verify_alternatives = read
+        if alpha is None and self._stays_plain(batch):
+            self._plain_left -= 1
+            self._probe_credit += self.probe_rate / self._backoff
+            state.verify_alternatives = self.decision.alternatives
+        else:
+            proposes = self._row_proposal_rates(rows)
+            self.decision = decision = self.choose(batch, self._row_alphas(rows) if alpha is None else alpha, budget, proposes)
+            plain = decision.k == 0 and decision.best_k == 0 and not decision.probing
+            self._plain_left = self.replan_every - 1 if plain else 0
+            if self.alternatives == "auto":
+                read = self._read_alternatives(batch, self.decision)
+                self.decision = attrs.evolve(self.decision, alternatives=read)
+                state.verify_alternatives = read
         k = self.decision.k
         requested = [min(b, k) for b in budget]
-        self.requested = torch.tensor(requested, dtype=torch.long)
+        wish = torch.zeros(batch, dtype=torch.long) if k == 0 else None  # one tensor for both: neither is changed
+        self.requested = wish if wish is not None else torch.tensor(requested, dtype=torch.long)
         width = max(requested, default=0)
         # The request's first drafting iteration is the draft model's first read: the whole prompt, and
         # for Whisper's draft its cross-attention keys (45 ms at batch 1, two plain steps). Once per
@@ -953,7 +980,20 @@ class CostAwareLookahead(LookaheadPolicy):
             self._run = (self._run[0], self._run[1] + 1)
         self._drafted = width > 0
         self._drafted_in_request = self._drafted_in_request or self._drafted
-        return torch.full((batch,), k, dtype=torch.long)
+        return wish if wish is not None else torch.full((batch,), k, dtype=torch.long)
+
+    def _stays_plain(self, batch: int) -> bool:
+        """Whether this iteration takes a plain step without choosing again: out of plain steps, for
+        ``replan_every`` iterations after a choice of k = 0, while the batch keeps its size and no
+        probe is due or under way. Nothing that decides the choice moves fast there: no draft is
+        counted, the rows' evidence only ages, and the costs take one more plain step each. Choosing
+        took 0.26 ms of a 17.7 ms plain step at batch 1 on the bundled pair (a Zen 3 EPYC, stop 47),
+        where prompt lookup never pays under sampling: 1.5% of the time for the same answer."""
+        decision = self.decision
+        return (self._plain_left > 0 and decision is not None and decision.batch == batch
+                and decision.k == 0 and decision.best_k == 0 and not decision.probing
+                and self._probe_next is None and self._probe_best is None and self._probe_moved is None
+                and self._probe_credit + self.probe_rate / self._backoff < self._plain_price)
 
     def _catch_up(self, bucket: int, first_read: bool = True) -> float:
         """Seconds a drafted iteration now takes beyond the fit's k: 0 right after a drafted one; out
@@ -1034,7 +1074,7 @@ class CostAwareLookahead(LookaheadPolicy):
         if not (previous > 0 and iteration == previous + 1):
             return
         bucket = bucket_of(batch)
-        fit = self._fits.setdefault(bucket, CostFit(log_batch=math.log2(batch)))
+        fit = self._fits.get(bucket) or self._fits.setdefault(bucket, CostFit(log_batch=math.log2(batch)))
         seconds = now - started
         if alternatives is not None and width > 0:
             drafted, read = alternatives
@@ -1067,7 +1107,7 @@ class CostAwareLookahead(LookaheadPolicy):
         proposals = self._count_unproposed(step)
         self._count_alternatives(step)
         decay, success, failure, history = self.alpha_decay, self._success, self._failure, self._row_history
-        expected, profile = self._expected, self._generated_profile()
+        expected, profile = self._expected, None  # the profile only where a row drafted
         pool_decay = self.alpha_decay ** (1 / 16)  # the pooled estimate moves slower than a row's
         counted: list[tuple[int, float]] = []  # (accepted, rejected) of each row asked to draft
         by_generated: dict[int, list[float]] = {}  # generated_bucket -> [accepted, rejected, rows] this step
@@ -1099,6 +1139,7 @@ class CostAwareLookahead(LookaheadPolicy):
                 # before its first token (draft-confidence), or had a token rejected, failed.
                 rejected = 1.0 if drafted == 0 or accepted < drafted else 0.0
                 bucket = generated_bucket(self._generated[row])
+                profile = profile or self._generated_profile()
                 here = _read_profile(profile, bucket) * (accepted + rejected)  # the pool's accepted
                 success[row] += accepted
                 failure[row] += rejected
