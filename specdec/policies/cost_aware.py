@@ -951,7 +951,8 @@ class CostAwareLookahead(LookaheadPolicy):
         if alpha is None and self._stays_plain(batch):
             self._plain_left -= 1
             self._probe_credit += self.probe_rate / self._backoff
-            state.verify_alternatives = self.decision.alternatives
+            if self.alternatives == "auto":
+                state.verify_alternatives = self.decision.alternatives
         else:
             proposes = self._row_proposal_rates(rows)
             self.decision = decision = self.choose(batch, self._row_alphas(rows) if alpha is None else alpha, budget, proposes)
