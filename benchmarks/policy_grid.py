@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import sys
 import time
@@ -240,8 +241,6 @@ def bootstrap_interval(per_batch: dict, name: str, other: str, draws: int = 2000
     """The 5th and 95th percentiles of ``name``'s rate over ``other``'s, the batches of every pass resampled
     with replacement (each method's tokens over its seconds in the resampled batches; a batch's pair of
     methods ran back to back, so a batch is resampled for both at once)."""
-    import random
-
     units = [(a, b) for pass_a, pass_b in zip(per_batch[name], per_batch[other]) for a, b in zip(pass_a, pass_b)]
     rng = random.Random(seed)
     ratios = []

@@ -140,6 +140,14 @@ class TestCostModel:
             rates = {k: float(expected_tokens(alpha, k)) / seconds for k, seconds in table.items()}
             assert decision.k == max(rates, key=rates.get) == 4
 
+    def test_a_plain_steps_prediction_for_the_load_is_what_costs_says(self):
+        """``_predicted`` skips the line fits for a plain step with a cell of its own: the same number."""
+        for times in ({0: 10.0}, {0: 10.0, 1: 14.0}, {1: 14.0, 3: 20.0}, {0: 10.0, 2: 17.0, 5: 26.0}):
+            fit = fed(CostAwareLookahead(), 1, times)._fits[1]
+            for k in (0, 1, 4):
+                costs = fit.costs([k])
+                assert fit._predicted(k) == (None if costs is None else costs[k])
+
     def test_fit_needs_two_distinct_k(self):
         fit = CostFit(log_batch=0.0)
         fit.add(4, 1.0, decay=0.9)
