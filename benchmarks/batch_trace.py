@@ -47,6 +47,13 @@ class Traced(CostAwareLookahead):
                                  after_drafting=warm, first=first))
         super()._record(iteration, now)
 
+    def _fit_state(self, bucket):
+        """The bucket's load and raw cells (seconds at load 1, decayed weight), which the costs hide."""
+        fit = self._fits.get(bucket)
+        if fit is None:
+            return {}
+        return dict(load=fit.load, cells={k: (fit.mean[k], fit.weight[k]) for k in sorted(fit.weight) if k <= 3})
+
     def plan(self, state, alpha=None):
         out = super().plan(state, alpha)
         decision, rows = self.decision, self._row_alphas(state.rows_host.tolist())
@@ -55,7 +62,8 @@ class Traced(CostAwareLookahead):
                              costs={k: c for k, c in (decision.costs or {}).items() if k <= 3},
                              goodput={k: g for k, g in decision.goodput.items() if k <= 3},
                              slowest_alpha=min(rows), mean_alpha=sum(rows) / len(rows),
-                             resume=self._resume.get(bucket), first_read=self._first_read.get(bucket)))
+                             resume=self._resume.get(bucket), first_read=self._first_read.get(bucket),
+                             **self._fit_state(bucket)))
         return out
 
 

@@ -185,6 +185,23 @@ class TestCostModel:
         skewed = untracked.costs([0, 3])
         assert abs(skewed[0] / skewed[3] - 0.5) > 2 * abs(after[0] / after[3] - 0.5)
 
+    def test_one_timing_after_a_long_run_of_another_k_does_not_replace_its_cell(self):
+        """A cell ages as other k run (its weight), but its mean, at load 1, moves by the share of its
+        own timings: one fast k = 1 iteration after 200 plain steps is one timing of many, not its cost."""
+        fit = CostFit(log_batch=4.0)
+        for _ in range(30):
+            for k, seconds in [(0, 0.040), (1, 0.044)]:
+                fit.add(k, seconds, decay=0.98, load_rate=0.1)
+        for _ in range(200):
+            fit.add(0, 0.040, decay=0.98, load_rate=0.1)
+        assert fit.weight[1] < fit.weight[0] / 50  # stale: what exploration and the line's weights go by
+        own = fit.count[1]
+        fit.add(1, 0.030, decay=0.98, load_rate=0.1)  # a fast moment of the host
+        assert fit.count[1] == pytest.approx(own * 0.98 + 1)
+        costs = fit.costs([0, 1])
+        assert costs[1] / costs[0] > 1.05  # 1.10 before; the aged weight's share made it 0.94
+        assert fit.mean[1] == pytest.approx(0.044 + (0.030 / fit.load - 0.044) / fit.count[1], rel=1e-3)
+
     def test_buckets(self):
         assert [bucket_of(b) for b in (1, 2, 3, 4)] == [1, 2, 3, 4]
         assert bucket_of(16) == bucket_of(15) != bucket_of(8)

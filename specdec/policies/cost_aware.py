@@ -286,8 +286,9 @@ class CostFit:
     every observation with its own weight, and a k's cost is its cell shrunk towards that line."""
 
     log_batch: float
-    weight: dict[int, float] = attrs.field(factory=dict)  # k -> sum of decayed weights
+    weight: dict[int, float] = attrs.field(factory=dict)  # k -> sum of decayed weights: how recent the cell is
     mean: dict[int, float] = attrs.field(factory=dict)  # k -> weighted mean seconds (at load 1)
+    count: dict[int, float] = attrs.field(factory=dict)  # k -> its own timings, decayed per own timing: the mean's memory
     load: float = 1.0  # how much slower than the cells every iteration runs now (shared machines)
     changes: int = 0  # iterations added: what the policy's cache of predicted costs is stamped with
     _lines: tuple | None = attrs.field(default=None, eq=False, repr=False)  # (changes, floor, costs' lines)
@@ -304,13 +305,28 @@ class CostFit:
         clock change) is tracked apart from the cells: the load moves by ``load_rate`` towards the
         ratio of this time to the cells' prediction for k, and the cell records the time divided by
         it. Cells of different k are then comparable though measured at different moments (k = 0
-        is mostly seen in probes)."""
+        is mostly seen in probes).
+
+        A cell's weight ages at every timing of the bucket (what the fit leans on, and when a k not
+        seen for long is explored again), but its mean moves by this timing's share of the k's own
+        timings, aged only as the k is timed. A cell is at load 1, so it does not go stale while
+        other k run; with the share of the aged weight, a k's first timings after a run of another
+        replaced its mean, whatever the host's speed was then. On a Zen 3 EPYC whose iteration times
+        drift by a fifth over a second, a fast start of a batch-16 pass put a k = 1 iteration at
+        0.85-0.92 of a plain step, where it cost 1.06, and the policy drafted k = 1 through most of
+        the pass; the same timings replayed with this share kept it at 1.00-1.07 (docs/benchmarks.md,
+        stop 48)."""
         if load_rate > 0:
             predicted = self._predicted(k)
             if predicted is not None and predicted > 0:
                 self.load += load_rate * (seconds / predicted - self.load)
             seconds = seconds / self.load
-        _add_decayed(self.weight, self.mean, k, seconds, decay)
+        for known in self.weight:
+            self.weight[known] *= decay
+        self.weight[k] = self.weight.get(k, 0.0) + 1.0
+        self.count[k] = count = self.count.get(k, 0.0) * decay + 1.0
+        mean = self.mean.get(k, 0.0)
+        self.mean[k] = mean + (seconds - mean) / count
         self.changes += 1
 
     def _predicted(self, k: int, floor: float = 1e-3) -> float | None:
