@@ -1,0 +1,112 @@
+"""What one ``specdec generate`` call gets from ``cost-aware``: a policy built for that call alone.
+
+    OMP_NUM_THREADS=1 python benchmarks/cold_start.py [--drafter model|ngram] [--sampled] [--prompts 16] [--passes 3]
+
+``policy_grid.py`` keeps one ``cost-aware`` across its passes, so that after the first its cost fit
+and pooled acceptance are warm; the CLI builds the policy anew for every call. Here, prompt by prompt
+at batch 1 on the bundled pair, in an order that rotates every prompt: the target alone, constant
+k = 5 (the default), ``cost-aware`` built for this prompt ("cold") and one kept across the run
+("warm", cold on its first prompts). Prints, per pass, each contender's tokens per second over the
+target's in that pass, and the share of the cold policies' iterations that were plain steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import attrs
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's specdec, not an installed copy
+
+from specdec.policies import ConstantLookahead, CostAwareLookahead  # noqa: E402
+
+from bundled_pair import bundled_decoder, load_bundled_pair  # noqa: E402
+
+
+@attrs.define(eq=False)
+class Counted(CostAwareLookahead):
+    """``cost-aware`` that keeps the width of every lookahead it returns."""
+
+    widths: list = attrs.field(factory=list, init=False)
+
+    def lookahead(self, state):
+        out = super().lookahead(state)
+        self.widths.append(int(out.max()))
+        return out
+
+
+def plain_share(widths: list[int]) -> float:
+    return sum(w == 0 for w in widths) / max(len(widths), 1)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--drafter", choices=("model", "ngram"), default="model")
+    parser.add_argument("--sampled", action="store_true", help="temperature 0.7, top-p 0.9 (policy_grid.py's)")
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--passes", type=int, default=3)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    sampling = dict(do_sample=True, temperature=0.7, top_p=0.9) if args.sampled else dict(do_sample=False)
+    target, tokenizer, draft, prompts = load_bundled_pair()
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    encoded = [tokenizer(p, return_tensors="pt") for p in prompts[: args.prompts]]
+    warm = Counted()
+    warm_decoder = bundled_decoder(target, draft, args.drafter, warm, args.sampled)
+    constant = bundled_decoder(target, draft, args.drafter, ConstantLookahead(k=5), args.sampled)
+    cold_widths: list[int] = []
+
+    def run_cold(e, generator):
+        policy = Counted()
+        out = bundled_decoder(target, draft, args.drafter, policy, args.sampled).generate(
+            **e, max_new_tokens=args.max_new_tokens, generator=generator, **sampling)
+        cold_widths.extend(policy.widths)
+        return out.sequences
+
+    methods = {
+        "target alone": lambda e, g: target.generate(**e, pad_token_id=pad, max_new_tokens=args.max_new_tokens, **sampling),
+        "constant k=5": lambda e, g: constant.generate(**e, max_new_tokens=args.max_new_tokens, generator=g, **sampling).sequences,
+        "cost-aware, cold": run_cold,
+        "cost-aware, warm": lambda e, g: warm_decoder.generate(**e, max_new_tokens=args.max_new_tokens, generator=g,
+                                                               **sampling).sequences,
+    }
+    order, turn, passes = list(methods), 0, []
+    for index in range(args.passes):
+        tokens = dict.fromkeys(methods, 0)
+        seconds = dict.fromkeys(methods, 0.0)
+        cold_from, warm_from = len(cold_widths), len(warm.widths)
+        for number, e in enumerate(encoded):
+            shift = turn % len(order)
+            turn += 1
+            for name in order[shift:] + order[:shift]:
+                torch.manual_seed(number)  # the target's own sampling
+                generator = torch.Generator().manual_seed(number)
+                start = time.perf_counter()
+                sequences = methods[name](e, generator)
+                seconds[name] += time.perf_counter() - start
+                tokens[name] += int((sequences[:, e["input_ids"].shape[1]:] != pad).sum())
+        base = tokens["target alone"] / seconds["target alone"]
+        row = dict(pass_=index, vs_target={n: (tokens[n] / seconds[n]) / base for n in methods},
+                   cold_plain_share=plain_share(cold_widths[cold_from:]),
+                   warm_plain_share=plain_share(warm.widths[warm_from:]))
+        passes.append(row)
+        print(f"pass {index}: " + ", ".join(f"{n} {r:.3f}x" for n, r in row["vs_target"].items())
+              + f"; plain steps: cold {row['cold_plain_share']:.0%}, warm {row['warm_plain_share']:.0%}", flush=True)
+    later = passes[1:] or passes
+    print("median over passes: " + ", ".join(
+        f"{n} {statistics.median(p['vs_target'][n] for p in passes):.3f}x" for n in methods)
+        + f" (warm after its first pass: {statistics.median(p['vs_target']['cost-aware, warm'] for p in later):.3f}x)")
+    if args.json:
+        args.json.write_text(json.dumps(dict(args=vars(args) | {"json": str(args.json)}, passes=passes), indent=1))
+
+
+if __name__ == "__main__":
+    main()
