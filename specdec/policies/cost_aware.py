@@ -281,9 +281,10 @@ def _add_to_cell(cell: list[float], value: float, decay: float) -> None:
 
 @attrs.define
 class CostFit:
-    """Recency-weighted observations of one batch-size bucket, kept as per-k weighted means (the
-    cells): weighted least squares on (k, mean time) with the cells' weights is the same fit as on
-    every observation with its own weight, and a k's cost is its cell shrunk towards that line."""
+    """The iteration times of one batch-size bucket, kept per k (the cells): a mean over the k's own
+    recent timings, and a weight that ages with every timing of the bucket. A line is fitted by
+    weighted least squares on (k, mean time) with those weights, so that cells seen lately count
+    more, and a k's cost is its cell shrunk towards that line."""
 
     log_batch: float
     weight: dict[int, float] = attrs.field(factory=dict)  # k -> sum of decayed weights: how recent the cell is
