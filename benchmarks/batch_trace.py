@@ -48,11 +48,12 @@ class Traced(CostAwareLookahead):
         super()._record(iteration, now)
 
     def _fit_state(self, bucket):
-        """The bucket's load and raw cells (seconds at load 1, decayed weight), which the costs hide."""
+        """The bucket's load and raw cells (seconds at load 1, decayed weight, decayed own timings),
+        which the costs hide."""
         fit = self._fits.get(bucket)
         if fit is None:
             return {}
-        return dict(load=fit.load, cells={k: (fit.mean[k], fit.weight[k]) for k in sorted(fit.weight) if k <= 3})
+        return dict(load=fit.load, cells={k: (fit.mean[k], fit.weight[k], fit.count[k]) for k in sorted(fit.weight) if k <= 3})
 
     def plan(self, state, alpha=None):
         out = super().plan(state, alpha)

@@ -54,6 +54,9 @@ def main():
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
+    for flag, value in (("--prompts", args.prompts), ("--passes", args.passes), ("--max-new-tokens", args.max_new_tokens)):
+        if value < 1:
+            parser.error(f"{flag} must be at least 1, got {value}")
     torch.set_num_threads(1)
     sampling = dict(do_sample=True, temperature=0.7, top_p=0.9) if args.sampled else dict(do_sample=False)
     target, tokenizer, draft, prompts = load_bundled_pair()

@@ -263,14 +263,19 @@ def expected_tokens(alpha, k) -> np.ndarray:
     return np.where(near_one, k + 1, (1 - safe ** (k + 1)) / (1 - safe))
 
 
-def _add_decayed(weight: dict, mean: dict, key, value: float, decay: float) -> None:
+def _add_decayed(weight: dict, mean: dict, key, value: float, decay: float, count: dict | None = None) -> None:
     """One observation into recency-weighted means per key: every key's weight decays by ``decay``,
-    then ``key``'s mean moves towards ``value`` by the new observation's share of its weight."""
+    then ``key``'s mean moves towards ``value`` by the new observation's share of its weight, or,
+    given ``count``, of ``key``'s own observations there, decayed only as ``key`` is observed."""
     for known in weight:
         weight[known] *= decay
     w, m = weight.get(key, 0.0), mean.get(key, 0.0)
     weight[key] = w + 1.0
-    mean[key] = m + (value - m) / (w + 1.0)
+    if count is not None:
+        count[key] = w = count.get(key, 0.0) * decay + 1.0
+    else:
+        w += 1.0
+    mean[key] = m + (value - m) / w
 
 
 def _add_to_cell(cell: list[float], value: float, decay: float) -> None:
@@ -288,7 +293,7 @@ class CostFit:
 
     log_batch: float
     weight: dict[int, float] = attrs.field(factory=dict)  # k -> sum of decayed weights: how recent the cell is
-    mean: dict[int, float] = attrs.field(factory=dict)  # k -> weighted mean seconds (at load 1)
+    mean: dict[int, float] = attrs.field(factory=dict)  # k -> mean seconds (at load 1) over its recent own timings
     count: dict[int, float] = attrs.field(factory=dict)  # k -> its own timings, decayed per own timing: the mean's memory
     load: float = 1.0  # how much slower than the cells every iteration runs now (shared machines)
     changes: int = 0  # iterations added: what the policy's cache of predicted costs is stamped with
@@ -322,12 +327,7 @@ class CostFit:
             if predicted is not None and predicted > 0:
                 self.load += load_rate * (seconds / predicted - self.load)
             seconds = seconds / self.load
-        for known in self.weight:
-            self.weight[known] *= decay
-        self.weight[k] = self.weight.get(k, 0.0) + 1.0
-        self.count[k] = count = self.count.get(k, 0.0) * decay + 1.0
-        mean = self.mean.get(k, 0.0)
-        self.mean[k] = mean + (seconds - mean) / count
+        _add_decayed(self.weight, self.mean, k, seconds, decay, self.count)
         self.changes += 1
 
     def _predicted(self, k: int, floor: float = 1e-3) -> float | None:
