@@ -1,13 +1,16 @@
 """What one ``specdec generate`` call gets from ``cost-aware``: a policy built for that call alone.
 
     OMP_NUM_THREADS=1 python benchmarks/cold_start.py [--drafter model|ngram] [--sampled] [--prompts 16] [--passes 3]
+        [--batch-size 1] [--variant OPTION=VALUE ...]
 
 ``policy_grid.py`` keeps one ``cost-aware`` across its passes, so that after the first its cost fit
-and pooled acceptance are warm; the CLI builds the policy anew for every call. Here, prompt by prompt
-at batch 1 on the bundled pair, in an order that rotates every prompt: the target alone, constant
-k = 5 (the default), ``cost-aware`` built for this prompt ("cold") and one kept across the run
-("warm", cold on its first prompts). Prints, per pass, each contender's tokens per second over the
-target's in that pass, and the share of the cold policies' iterations that were plain steps.
+and pooled acceptance are warm; the CLI builds the policy anew for every call. Here, call by call
+on the bundled pair (one prompt, or ``--batch-size`` prompts, per call), in an order that rotates
+every call: the target alone, constant k = 5 (the default), ``cost-aware`` built for this call
+("cold") and one kept across the run ("warm", cold on its first calls). Each ``--variant`` adds a
+cold one with that option changed (``--variant prior_strength=4``; the value is read as JSON).
+Prints, per pass, each contender's tokens per second over the target's in that pass, and the
+share of the cost-aware policies' iterations that were plain steps.
 """
 
 from __future__ import annotations
@@ -52,32 +55,52 @@ def main():
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--passes", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--variant", action="append", default=[], metavar="OPTION=VALUE",
+                        help="a cold cost-aware with this option (a JSON value), beside the default one")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    for flag, value in (("--prompts", args.prompts), ("--passes", args.passes), ("--max-new-tokens", args.max_new_tokens)):
+    for flag, value in (("--prompts", args.prompts), ("--passes", args.passes), ("--max-new-tokens", args.max_new_tokens),
+                        ("--batch-size", args.batch_size)):
         if value < 1:
             parser.error(f"{flag} must be at least 1, got {value}")
+    variants = {}
+    for variant in args.variant:
+        option, equals, value = variant.partition("=")
+        if not equals:
+            parser.error(f"--variant {variant}: expected OPTION=VALUE, e.g. prior_strength=4")
+        try:
+            variants[f"cost-aware, cold, {variant}"] = {option: json.loads(value)}
+            Counted(**variants[f"cost-aware, cold, {variant}"])
+        except (ValueError, TypeError) as error:
+            parser.error(f"--variant {variant}: {error}")
     torch.set_num_threads(1)
     sampling = dict(do_sample=True, temperature=0.7, top_p=0.9) if args.sampled else dict(do_sample=False)
     target, tokenizer, draft, prompts = load_bundled_pair()
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    encoded = [tokenizer(p, return_tensors="pt") for p in prompts[: args.prompts]]
+    prompts = prompts[: args.prompts]
+    encoded = [tokenizer(prompts[i : i + args.batch_size], return_tensors="pt", padding=True)
+               for i in range(0, len(prompts), args.batch_size)]
     warm = Counted()
     warm_decoder = bundled_decoder(target, draft, args.drafter, warm, args.sampled)
     constant = bundled_decoder(target, draft, args.drafter, ConstantLookahead(k=5), args.sampled)
-    cold_widths: list[int] = []
+    widths: dict[str, list[int]] = {name: [] for name in ("cost-aware, cold", *variants)}
+    widths["cost-aware, warm"] = warm.widths
 
-    def run_cold(e, generator):
-        policy = Counted()
-        out = bundled_decoder(target, draft, args.drafter, policy, args.sampled).generate(
-            **e, max_new_tokens=args.max_new_tokens, generator=generator, **sampling)
-        cold_widths.extend(policy.widths)
-        return out.sequences
+    def cold(name, options):
+        def run(e, generator):
+            policy = Counted(**options)
+            out = bundled_decoder(target, draft, args.drafter, policy, args.sampled).generate(
+                **e, max_new_tokens=args.max_new_tokens, generator=generator, **sampling)
+            widths[name].extend(policy.widths)
+            return out.sequences
+        return run
 
     methods = {
         "target alone": lambda e, g: target.generate(**e, pad_token_id=pad, max_new_tokens=args.max_new_tokens, **sampling),
         "constant k=5": lambda e, g: constant.generate(**e, max_new_tokens=args.max_new_tokens, generator=g, **sampling).sequences,
-        "cost-aware, cold": run_cold,
+        "cost-aware, cold": cold("cost-aware, cold", {}),
+        **{name: cold(name, options) for name, options in variants.items()},
         "cost-aware, warm": lambda e, g: warm_decoder.generate(**e, max_new_tokens=args.max_new_tokens, generator=g,
                                                                **sampling).sequences,
     }
@@ -85,7 +108,7 @@ def main():
     for index in range(args.passes):
         tokens = dict.fromkeys(methods, 0)
         seconds = dict.fromkeys(methods, 0.0)
-        cold_from, warm_from = len(cold_widths), len(warm.widths)
+        marks = {name: len(w) for name, w in widths.items()}
         for number, e in enumerate(encoded):
             shift = turn % len(order)
             turn += 1
@@ -98,11 +121,11 @@ def main():
                 tokens[name] += int((sequences[:, e["input_ids"].shape[1]:] != pad).sum())
         base = tokens["target alone"] / seconds["target alone"]
         row = dict(pass_=index, vs_target={n: (tokens[n] / seconds[n]) / base for n in methods},
-                   cold_plain_share=plain_share(cold_widths[cold_from:]),
-                   warm_plain_share=plain_share(warm.widths[warm_from:]))
+                   plain_share={n: plain_share(w[marks[n]:]) for n, w in widths.items()})
         passes.append(row)
         print(f"pass {index}: " + ", ".join(f"{n} {r:.3f}x" for n, r in row["vs_target"].items())
-              + f"; plain steps: cold {row['cold_plain_share']:.0%}, warm {row['warm_plain_share']:.0%}", flush=True)
+              + "; plain steps: " + ", ".join(f"{n.removeprefix('cost-aware, ')} {r:.0%}" for n, r in row["plain_share"].items()),
+              flush=True)
     later = passes[1:] or passes
     print("median over passes: " + ", ".join(
         f"{n} {statistics.median(p['vs_target'][n] for p in passes):.3f}x" for n in methods)
