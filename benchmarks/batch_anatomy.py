@@ -45,7 +45,7 @@ from specdec.core.hookspecs import hookimpl  # noqa: E402
 from specdec.config import parse_options  # noqa: E402
 from specdec.policies import ConstantLookahead, CostAwareLookahead  # noqa: E402
 
-from bundled_pair import bundled_decoder, load_bundled_pair  # noqa: E402
+from bundled_pair import bundled_decoder, generation_options, load_bundled_pair  # noqa: E402
 
 KINDS = ("first", "full batch", "smaller batch", "row cuts")
 
@@ -104,7 +104,7 @@ def main():
     parser.add_argument("--both-caches", action="store_true", help="each contender with transformers' DynamicLayer too")
     parser.add_argument("--sampled", action="store_true", help="temperature 0.7, top-p 0.9 (policy_grid.py's)")
     args = parser.parse_args()
-    sampling = dict(do_sample=True, temperature=0.7, top_p=0.9) if args.sampled else dict(do_sample=False)
+    sampling = generation_options(args.sampled)
     torch.set_num_threads(1)
     target, tokenizer, draft, prompts = load_bundled_pair()
     batches = [tokenizer(prompts[i : i + args.batch_size], return_tensors="pt", padding=True)

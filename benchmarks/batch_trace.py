@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))  # this checkout's specdec, not an installed copy
 from specdec.policies import ConstantLookahead, CostAwareLookahead  # noqa: E402
 from specdec.policies.cost_aware import bucket_of  # noqa: E402
 
-from bundled_pair import bundled_decoder, load_bundled_pair  # noqa: E402
+from bundled_pair import bundled_decoder, generation_options, load_bundled_pair  # noqa: E402
 
 
 class Traced(CostAwareLookahead):
@@ -79,7 +79,7 @@ def main():
     parser.add_argument("--sampled", action="store_true", help="temperature 0.7, top-p 0.9 (policy_grid.py's)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    sampling = dict(do_sample=True, temperature=0.7, top_p=0.9) if args.sampled else dict(do_sample=False)
+    sampling = generation_options(args.sampled)
     torch.set_num_threads(1)
     target, tokenizer, draft, prompts = load_bundled_pair()
 

@@ -12,6 +12,24 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+SAMPLED = dict(do_sample=True, temperature=0.7, top_p=0.9)  # the benchmarks' sampled mode
+
+
+def generation_options(sampled: bool) -> dict:
+    """``generate``'s sampling arguments for the benchmarks' sampled mode, or greedy decoding."""
+    return dict(SAMPLED) if sampled else dict(do_sample=False)
+
+
+def add_run_arguments(parser, prompts: int = 16, passes: int = 3) -> None:
+    """The options of a script that runs contenders prompt by prompt on the pair: ``--drafter``,
+    ``--sampled``, ``--prompts``, ``--passes`` and ``--max-new-tokens``."""
+    parser.add_argument("--drafter", choices=("model", "ngram"), default="model")
+    parser.add_argument("--sampled", action="store_true", help="temperature 0.7, top-p 0.9 (policy_grid.py's)")
+    parser.add_argument("--prompts", type=int, default=prompts)
+    parser.add_argument("--passes", type=int, default=passes)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+
+
 def load_bundled_pair():
     """``(target, tokenizer, draft, prompts)``: ``prompts`` is every prompt text of ``prompts.jsonl``.
     The draft in the target's dtype, as ``plugins.toml`` loads it: saved in float16, it would load as

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout
 
 from specdec.policies import ConstantLookahead, CostAwareLookahead  # noqa: E402
 
-from bundled_pair import bundled_decoder, load_bundled_pair  # noqa: E402
+from bundled_pair import add_run_arguments, bundled_decoder, generation_options, load_bundled_pair  # noqa: E402
 
 
 @attrs.define(eq=False)
@@ -50,11 +50,7 @@ def plain_share(widths: list[int]) -> float:
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--drafter", choices=("model", "ngram"), default="model")
-    parser.add_argument("--sampled", action="store_true", help="temperature 0.7, top-p 0.9 (policy_grid.py's)")
-    parser.add_argument("--prompts", type=int, default=16)
-    parser.add_argument("--passes", type=int, default=3)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
+    add_run_arguments(parser)
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--variant", action="append", default=[], metavar="OPTION=VALUE",
                         help="a cold cost-aware with this option (a JSON value), beside the default one")
@@ -75,7 +71,7 @@ def main():
         except (ValueError, TypeError) as error:
             parser.error(f"--variant {variant}: {error}")
     torch.set_num_threads(1)
-    sampling = dict(do_sample=True, temperature=0.7, top_p=0.9) if args.sampled else dict(do_sample=False)
+    sampling = generation_options(args.sampled)
     target, tokenizer, draft, prompts = load_bundled_pair()
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     prompts = prompts[: args.prompts]

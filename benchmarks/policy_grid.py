@@ -52,7 +52,7 @@ from specdec.policies import ConstantLookahead, CostAwareLookahead  # noqa: E402
 from specdec.verifiers import GreedyVerifier, RejectionVerifier  # noqa: E402
 
 from batch_trace import Traced  # noqa: E402
-from bundled_pair import load_bundled_pair  # noqa: E402
+from bundled_pair import generation_options, load_bundled_pair  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -85,7 +85,7 @@ def main():
         args.decisions.write_text("")
     results = []
     for mode in args.modes.split(","):
-        sampling = dict(do_sample=True, temperature=0.7, top_p=0.9) if mode == "sampled" else dict(do_sample=False)
+        sampling = generation_options(mode == "sampled")
         for drafter_name in args.drafters.split(","):
             def make(policy):
                 drafter = ModelDrafter(draft) if drafter_name == "model" else NGramDrafter(max_ngram=3)

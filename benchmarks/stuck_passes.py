@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's specdec, not an installed copy
 
 from specdec import SpeculativeDecoder  # noqa: E402
-from bundled_pair import load_bundled_pair  # noqa: E402
+from bundled_pair import generation_options, load_bundled_pair  # noqa: E402
 from specdec.core.components import Observer  # noqa: E402
 from specdec.drafters import ModelDrafter  # noqa: E402
 from specdec.policies import CostAwareLookahead  # noqa: E402
@@ -62,7 +62,7 @@ def main() -> None:
     target, tokenizer, draft, prompts = load_bundled_pair()
     prompts = prompts[: args.prompts]
     encoded = [tokenizer([p], return_tensors="pt") for p in prompts]
-    sampling = dict(do_sample=True, temperature=0.7, top_p=0.9) if args.mode == "sampled" else dict(do_sample=False)
+    sampling = generation_options(args.mode == "sampled")
     verifier = RejectionVerifier() if args.mode == "sampled" else GreedyVerifier()
     runs = []
     for seed in range(args.seeds):

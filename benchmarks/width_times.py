@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout
 
 from specdec.policies import ConstantLookahead, CostAwareLookahead  # noqa: E402
 
-from bundled_pair import bundled_decoder, load_bundled_pair  # noqa: E402
+from bundled_pair import add_run_arguments, bundled_decoder, generation_options, load_bundled_pair  # noqa: E402
 
 
 def timed(policy_class):
@@ -60,12 +60,8 @@ def iteration_times(marks) -> list[tuple[str, float]]:
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--drafter", choices=("model", "ngram"), default="model")
-    parser.add_argument("--sampled", action="store_true", help="temperature 0.7, top-p 0.9 (policy_grid.py's)")
-    parser.add_argument("--prompts", type=int, default=16)
-    parser.add_argument("--passes", type=int, default=3)
+    add_run_arguments(parser)
     parser.add_argument("--ks", default="0,2,3,5", help="constant lookaheads to run beside cost-aware")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
     args = parser.parse_args()
     try:
         ks = [int(k) for k in args.ks.split(",")]
@@ -74,7 +70,7 @@ def main():
     if args.passes < 2 or args.prompts < 1 or any(k < 0 for k in ks):
         parser.error("--passes must be at least 2 (the first is a warm-up), --prompts at least 1, every k >= 0")
     torch.set_num_threads(1)
-    sampling = dict(do_sample=True, temperature=0.7, top_p=0.9) if args.sampled else dict(do_sample=False)
+    sampling = generation_options(args.sampled)
     target, tokenizer, draft, prompts = load_bundled_pair()
     encoded = [tokenizer(p, return_tensors="pt") for p in prompts[: args.prompts]]
     policies = {"cost-aware": timed(CostAwareLookahead)(), **{f"k={k}": timed(ConstantLookahead)(k=k) for k in ks}}
