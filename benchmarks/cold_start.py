@@ -7,7 +7,9 @@
 and pooled acceptance are warm; the CLI builds the policy anew for every call. Here, call by call
 on the bundled pair (one prompt, or ``--batch-size`` prompts, per call), in an order that rotates
 every call: the target alone, constant k = 5 (the default), ``cost-aware`` built for this call
-("cold") and one kept across the run ("warm", cold on its first calls). Each ``--variant`` adds a
+("cold"), one built for this call from the ``memory`` file the calls before it wrote ("remembered",
+what ``specdec generate`` does since stop 50; the file starts empty) and one kept across the run
+("warm", cold on its first calls). Each ``--variant`` adds a
 cold one with that option changed (``--variant prior_strength=4``; the value is read as JSON).
 Prints, per pass, each contender's tokens per second over the target's in that pass, and the
 share of the cost-aware policies' iterations that were plain steps.
@@ -19,6 +21,7 @@ import argparse
 import json
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -80,7 +83,8 @@ def main():
     warm = Counted()
     warm_decoder = bundled_decoder(target, draft, args.drafter, warm, args.sampled)
     constant = bundled_decoder(target, draft, args.drafter, ConstantLookahead(k=5), args.sampled)
-    widths: dict[str, list[int]] = {name: [] for name in ("cost-aware, cold", *variants)}
+    memory = Path(tempfile.mkdtemp(prefix="cold-start-")) / "cost-aware.json"
+    widths: dict[str, list[int]] = {name: [] for name in ("cost-aware, cold", "cost-aware, remembered", *variants)}
     widths["cost-aware, warm"] = warm.widths
 
     def cold(name, options):
@@ -96,6 +100,7 @@ def main():
         "target alone": lambda e, g: target.generate(**e, pad_token_id=pad, max_new_tokens=args.max_new_tokens, **sampling),
         "constant k=5": lambda e, g: constant.generate(**e, max_new_tokens=args.max_new_tokens, generator=g, **sampling).sequences,
         "cost-aware, cold": cold("cost-aware, cold", {}),
+        "cost-aware, remembered": cold("cost-aware, remembered", {"memory": str(memory)}),
         **{name: cold(name, options) for name, options in variants.items()},
         "cost-aware, warm": lambda e, g: warm_decoder.generate(**e, max_new_tokens=args.max_new_tokens, generator=g,
                                                                **sampling).sequences,

@@ -44,7 +44,7 @@ _SECTIONS = {"target", "drafter", "policy", "verifier", "sampling", "observers"}
 _TARGET_KEYS = {"model", "dtype", "device", "attn_implementation", "tokenizer", "cache", "compile", "packed_weights"}
 CACHES = ("dynamic", "static")
 # Options that name files: resolved against the TOML file's folder when that path exists there.
-_PATH_OPTIONS = {"model", "weights", "path", "tokenizer", "head", "token_map"}
+_PATH_OPTIONS = {"model", "weights", "path", "tokenizer", "head", "token_map", "memory"}
 DTYPES = {
     "auto": "auto",
     "float32": torch.float32,

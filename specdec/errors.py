@@ -46,3 +46,8 @@ class DraftDtypeWarning(UserWarning):
 class PackingWarning(UserWarning):
     """A model's multi-token steps run on torch's own linear path, not on packed weights, because
     the packed copy would not fit in the memory left (``core/packed_linear.py``)."""
+
+
+class PolicyMemoryWarning(UserWarning):
+    """A policy's memory file (``cost-aware``'s ``memory``) could not be read or written: the policy
+    starts from nothing, or what it learned is not kept (``policies/cost_aware.py``)."""

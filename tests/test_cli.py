@@ -116,6 +116,42 @@ class TestGenerate:
             assert "Traceback" not in result.output
 
 
+class TestPolicyMemory:
+    """specdec generate with cost-aware: each call starts from what the calls before it measured."""
+
+    def test_calls_with_one_setting_share_a_file_in_the_cache_and_stay_exact(self, pair, tmp_path, monkeypatch):
+        monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+        args = ["generate", "class Stack:", "-c", str(pair), "-n", "10", "--policy", "cost-aware", "--json"]
+        first = runner.invoke(app, args)
+        assert first.exit_code == 0, first.output
+        files = list((tmp_path / "cache" / "policies").glob("cost-aware-*.json"))
+        assert len(files) == 1 and json.loads(files[0].read_text())["format"] == 1
+        payload = json.loads(first.stdout)
+        assert payload["components"]["policy"]["options"]["memory"] == str(files[0])
+        written = files[0].read_text()
+        second = runner.invoke(app, args)
+        assert json.loads(second.stdout)["outputs"] == payload["outputs"]  # greedy: the same text, whatever k
+        assert files[0].read_text() != written  # read, then written again with this call's counts
+        sampled = runner.invoke(app, [*args, "--temperature", "0.7", "--seed", "1"])
+        assert sampled.exit_code == 0, sampled.output
+        assert len(list((tmp_path / "cache" / "policies").glob("cost-aware-*.json"))) == 2  # another setting
+
+    def test_memory_none_remembers_nothing_and_a_path_is_used_as_given(self, pair, tmp_path, monkeypatch):
+        monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+        base = ["generate", "class Stack:", "-c", str(pair), "-n", "6", "--policy", "cost-aware"]
+        result = runner.invoke(app, [*base, "-P", "memory=none"])
+        assert result.exit_code == 0, result.output
+        assert not (tmp_path / "cache" / "policies").exists()
+        mine = tmp_path / "mine.json"
+        assert runner.invoke(app, [*base, "-P", f"memory={mine}"]).exit_code == 0
+        assert mine.is_file() and not (tmp_path / "cache" / "policies").exists()
+
+    def test_other_policies_write_nothing(self, pair, tmp_path, monkeypatch):
+        monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+        assert runner.invoke(app, ["generate", "class Stack:", "-c", str(pair), "-n", "6"]).exit_code == 0
+        assert not (tmp_path / "cache" / "policies").exists()
+
+
 class TestPlugins:
     """specdec plugins"""
 

@@ -1308,3 +1308,141 @@ class TestAlternatives:
         assert torch.equal(out.sequences, expected)
         with_them = [s for s in recorder.steps if s.draft.alternatives is not None]
         assert with_them and all(s.siblings == 2 for s in with_them)
+
+
+class TestMemory:
+    """``memory``: what the policy learned, in a file that the next process starts from."""
+
+    @staticmethod
+    def learned_something() -> CostAwareLookahead:
+        """A policy with fits at batch 1 and 4, acceptance counted, a price of resuming, a ledger."""
+        policy = fed(fed(CostAwareLookahead(per_position=True), 1, {0: 1.0, 2: 1.5, 4: 2.2}), 4, {0: 2.0, 1: 3.1, 3: 4.4})
+        policy.begin(fake_state(4), None)
+        policy.requested = torch.tensor([3, 3, 3, 3])
+        policy.on_step(None, step_of([0, 1, 2, 3], drafted=[3, 3, 3, 3], accepted=[3, 1, 0, 2]))
+        policy._resume[1] = [1.0, 0.25]
+        ledger = policy._ledgers.setdefault(1, AlternativesLedger())
+        ledger.add_time(2, True, 1.6, policy.decay)
+        ledger.add_hits(1.0, policy.decay)
+        policy._backoff, policy._probe_credit = 4, 0.75
+        return policy
+
+    def test_what_it_learned_survives_its_file_and_decides_alike(self):
+        import json
+
+        policy = self.learned_something()
+        fresh = CostAwareLookahead(per_position=True)
+        assert fresh.restore(json.loads(json.dumps(policy.learned("here"))), "here") is True
+        assert fresh.learned("here") == policy.learned("here")
+        for batch, alpha in ((1, [0.7]), (4, [0.6, 0.8, 0.5, 0.9]), (3, [0.6, 0.7, 0.8])):
+            budget = [20] * batch
+            assert fresh.choose(batch, alpha, budget) == policy.choose(batch, alpha, budget)
+        assert fresh._fits[1].costs([0, 1, 2, 3]) == policy._fits[1].costs([0, 1, 2, 3])
+        assert fresh.choose(1, [0.7], [20]).probing is False  # costs known: no exploring
+
+    def test_costs_from_another_machine_are_left_and_the_acceptance_is_taken(self):
+        policy = self.learned_something()
+        fresh = CostAwareLookahead(per_position=True)
+        assert fresh.restore(policy.learned("a Zen 3, 1 thread"), "a Xeon, 1 thread") is False
+        assert fresh._fits == {} and fresh._resume == {} and fresh._ledgers == {} and fresh._backoff == 1
+        assert fresh._probe_credit == 0.0
+        assert fresh.pooled_alpha() == policy.pooled_alpha() != CostAwareLookahead().pooled_alpha()
+        assert fresh.choose(1, [0.7], [20]).probing is True  # it explores this machine's costs
+
+    @pytest.mark.parametrize("damage, message", [
+        (lambda d: d.update(format=0), "format 0, expected 1"),
+        (lambda d: d.update(max_k=4), "max_k = 4, this one has 8"),
+        (lambda d: d["acceptance"].update(pool=[1.0, float("nan")]), "nan is not a finite number"),
+        (lambda d: d["acceptance"].update(kept=[0.0]), "kept need 8 positions"),
+        (lambda d: d["costs"]["fits"]["1"]["cells"].append([9, 1.0, 1.0, 1.0]), "k = 9 is outside 0..8"),
+        (lambda d: d["costs"].pop("resume"), "KeyError: 'resume'"),
+        (lambda d: d["costs"]["alternatives"]["1"]["cells"][0].__setitem__(1, "yes"), r"is not \[width, read"),
+    ])
+    def test_a_record_that_is_not_its_memory_is_refused_and_changes_nothing(self, damage, message):
+        data = self.learned_something().learned("here")
+        damage(data)
+        fresh = CostAwareLookahead(per_position=True)
+        before = fresh.learned("here")
+        with pytest.raises(ValueError, match=message):
+            fresh.restore(data, "here")
+        assert fresh.learned("here") == before
+
+    @pytest.mark.parametrize("value, message", [("", "memory must be the path of a JSON file"),
+                                                (3, "option 'memory' must be str | None, got 3")])
+    def test_a_memory_that_is_no_path_is_a_config_error(self, value, message):
+        with pytest.raises(ConfigError, match=message):
+            get_registry().create("policy", "cost-aware", {"memory": value})
+
+    def test_a_folder_is_no_memory(self, tmp_path):
+        with pytest.raises(ConfigError, match="memory must be a file, not the folder"):
+            get_registry().create("policy", "cost-aware", {"memory": str(tmp_path)})
+
+    def test_a_new_process_starts_where_the_last_one_ended_and_decodes_exactly(self, target, tmp_path):
+        """Two decoders, as two calls of ``specdec generate``: the second's policy reads the file the
+        first wrote after its request, so it does not explore again; both outputs are the target's."""
+        memory = tmp_path / "policies" / "cost-aware.json"
+        draft = perturbed_copy(target, 0.05)
+        input_ids, mask = left_padded(PROMPTS)
+        expected = target.generate(input_ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False)
+        policies = []
+        for _ in range(2):
+            clock = Ticks(lambda k: 1.0 + 0.05 * k)
+            policy = CostAwareLookahead(clock=clock, memory=str(memory))
+            clock.policy = policy
+            decoder = SpeculativeDecoder(target=target, drafter=ModelDrafter(draft), policy=policy, verifier=GreedyVerifier())
+            out = decoder.generate(input_ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False)
+            assert torch.equal(out.sequences, expected)
+            assert memory.is_file() and not list(memory.parent.glob(".*"))  # renamed into place, no scratch left
+            policies.append(policy)
+        first, second = policies
+        assert second._pool != [0.0, 0.0] and second._pool != first._pool  # read, then counted on
+        assert second._fits[bucket_of(4)].changes > first._fits[bucket_of(4)].changes - 1
+
+    def test_the_first_request_of_a_fresh_policy_explores_and_a_remembered_one_does_not(self, target, tmp_path):
+        memory = tmp_path / "cost-aware.json"
+        draft = perturbed_copy(target, 0.05)
+        input_ids, mask = left_padded(PROMPTS)
+        choices = []
+        for _ in range(2):
+            clock = Ticks(lambda k: 1.0 + 0.05 * k)
+            policy = CostAwareLookahead(clock=clock, memory=str(memory), probe_rate=0.0)
+            clock.policy = policy
+            seen = []
+            original = policy.choose
+
+            def choose(*args, _original=original, _seen=seen, **kwargs):
+                _seen.append(_original(*args, **kwargs))
+                return _seen[-1]
+
+            policy.choose = choose
+            SpeculativeDecoder(target=target, drafter=ModelDrafter(draft), policy=policy).generate(
+                input_ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False)
+            choices.append(seen)
+        assert choices[0][0].probing and choices[0][0].costs is None  # nothing known: explore
+        assert not choices[1][0].probing and choices[1][0].costs is not None
+
+    def test_a_damaged_file_is_warned_of_then_replaced(self, target, tmp_path):
+        import json
+
+        from specdec.errors import PolicyMemoryWarning
+
+        memory = tmp_path / "cost-aware.json"
+        memory.write_text("{not json")
+        policy = CostAwareLookahead(memory=str(memory))
+        decoder = SpeculativeDecoder(target=target, drafter=ModelDrafter(perturbed_copy(target, 0.05)), policy=policy)
+        input_ids, mask = left_padded(PROMPTS)
+        with pytest.warns(PolicyMemoryWarning, match=r"ignoring its memory .*cost-aware.json.*starting from nothing"):
+            decoder.generate(input_ids, attention_mask=mask, max_new_tokens=8, do_sample=False)
+        assert json.loads(memory.read_text())["format"] == 1
+
+    def test_a_memory_that_cannot_be_written_is_warned_of_and_the_request_returns(self, target, tmp_path):
+        from specdec.errors import PolicyMemoryWarning
+
+        blocker = tmp_path / "a-file"
+        blocker.write_text("")
+        policy = CostAwareLookahead(memory=str(blocker / "cost-aware.json"))  # its folder would be a file
+        decoder = SpeculativeDecoder(target=target, drafter=ModelDrafter(perturbed_copy(target, 0.05)), policy=policy)
+        input_ids, mask = left_padded(PROMPTS)
+        with pytest.warns(PolicyMemoryWarning, match="cannot write its memory"):
+            out = decoder.generate(input_ids, attention_mask=mask, max_new_tokens=8, do_sample=False)
+        assert out.sequences.shape[0] == len(PROMPTS)

@@ -193,6 +193,26 @@ def set_up_logging() -> None:
         warnings.filterwarnings("ignore", category=UserWarning, module=module)
 
 
+def with_policy_memory(spec: "SpecdecConfig", sampling: dict) -> "SpecdecConfig":
+    """``spec`` with ``cost-aware``'s ``memory`` in specdec's cache, where it is the policy and no
+    ``memory`` was set (``-P memory=none`` keeps it off): one file per setting (the target and its
+    options, the drafter, the verifier, the policy's options, the sampling), so that each call of a
+    command starts from what earlier calls with the same setting measured, not from nothing."""
+    import hashlib
+    import json
+
+    from ..core.model_cache import cache_root
+    from ..plugins.registry import canonical
+
+    if canonical(spec.policy.use) != "cost-aware" or "memory" in spec.policy.options:
+        return spec
+    setting = {"target": spec.target, "sampling": sampling, "policy": spec.policy.options,
+               **{kind: [getattr(spec, kind).use, getattr(spec, kind).options] for kind in ("drafter", "verifier")}}
+    digest = hashlib.sha256(json.dumps(setting, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    path = cache_root().parent / "policies" / f"cost-aware-{digest}.json"
+    return spec.with_choices(policy_options={"memory": str(path)})
+
+
 def load_config(path: Optional[Path]) -> "SpecdecConfig":
     from ..config import SpecdecConfig
     from ..errors import SpecdecError

@@ -16,7 +16,8 @@ from typing import Any, Optional
 
 import typer
 
-from .common import CONFIG_HELP, colour, fail, is_terminal, load_config, set_up_logging, stderr_console, write_stdout
+from .common import (CONFIG_HELP, colour, fail, is_terminal, load_config, set_up_logging, stderr_console,
+                     with_policy_memory, write_stdout)
 
 OPTION_HELP = "A {kind} option, typed as the plugin declares it (repeatable; `specdec plugins` lists them)"
 
@@ -173,6 +174,7 @@ def generate(
             if bundled is not None:
                 spec = spec.with_choices(policy_options={"weights": str(bundled)})
                 stderr_console().print(f"[dim]policy classifier: the bundled pair's weights, {bundled}[/]")
+        spec = with_policy_memory(spec, sampling)
         # Every option is checked before a model is loaded: a mistake costs no waiting.
         for component in (spec.drafter, spec.policy, spec.verifier, *spec.observers):
             try:

@@ -29,7 +29,7 @@ from typing import Any, Optional
 import typer
 
 from ..audio import SAMPLE_RATE, WINDOW_SECONDS, Audio, AudioError, read_audio
-from .common import fail, set_up_logging, stderr_console
+from .common import fail, set_up_logging, stderr_console, with_policy_memory
 
 __all__ = ["SAMPLE_RATE", "Audio", "AudioError", "read_audio", "transcribe_command"]
 
@@ -116,6 +116,7 @@ def transcribe_command(
         spec = SpecdecConfig.from_toml(config)
         if drafter is not None:
             spec = spec.with_choices(drafter=drafter)
+        spec = with_policy_memory(spec, dict(spec.sampling))
         if not spec.target_is_encoder_decoder:
             raise fail(f"{config}: [target] model {spec.target['model']!r} is not a Whisper (encoder-decoder) model")
         target, _ = spec.load_target()

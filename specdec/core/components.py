@@ -138,10 +138,15 @@ class LookaheadPolicy(Component):
     def continue_drafting(self, state, position, tokens, token_probs, probs) -> torch.Tensor | None:
         return None
 
+    def on_finish(self, state, output) -> None:
+        """The request is done (``output`` is the ``DecodeOutput`` about to be returned): where a
+        policy keeps what it learned beyond the process (``cost-aware``'s ``memory``)."""
+
     specdec_begin = relay(Component.begin)
     specdec_lookahead = relay(lookahead, after=_as_row_lengths)
     specdec_continue_drafting = relay(continue_drafting)
     specdec_on_step = relay(Component.on_step)
+    specdec_on_finish = relay(on_finish)
 
 
 class Verifier(Component):

@@ -158,14 +158,27 @@ forward passes and no host syncs of its own:
   counted there, the rows' evidence only ages, and choosing took 0.26 ms of a 17.7 ms plain step at
   batch 1 on the bundled pair (1.5%, where prompt lookup never pays under sampling; stop 47).
 
+* **Memory across processes** (``memory``, a JSON file; the CLI keeps one per setting in its cache).
+  A policy built for one call, as ``specdec generate`` builds it, started from the 0.5 prior and
+  no costs, and a short request spent most of its iterations in plain steps where a policy kept
+  across calls drafted (``docs/benchmarks.md``, stop 48). With a memory the policy reads what an
+  earlier one learned (``learned()``: the acceptance, and the costs where they were timed on this
+  machine) at its first request and writes it back after each (``on_finish``), so each call starts
+  where the last one ended.
+
 ``clock`` (default ``time.perf_counter``) is injectable so tests drive the policy with a fake clock.
 ``decisions`` keeps the last choice made (for traces and tests).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
+import os
 import time
+import warnings
+from pathlib import Path
 from typing import Callable
 
 import attrs
@@ -174,6 +187,7 @@ import torch
 
 from ..core.components import LookaheadPolicy
 from ..core.hookspecs import PYTHON_ONLY, hookimpl
+from ..errors import PolicyMemoryWarning
 from .constant import integer
 
 
@@ -245,6 +259,15 @@ def _acceptance_by_position(alpha: float, depth: int, shift: list[float] | None)
         return [alpha] * depth
     row = _logit(alpha)
     return [_sigmoid(s + row) for s in shift[:depth]]
+
+
+def _memory_file(instance, attribute, value):
+    if value is None:
+        return
+    if not isinstance(value, (str, Path)) or not str(value).strip():
+        raise ValueError(f"memory must be the path of a JSON file (or None: remember nothing), got {value!r}")
+    if Path(value).expanduser().is_dir():
+        raise ValueError(f"memory must be a file, not the folder {str(value)!r}")
 
 
 def _callable(instance, attribute, value):
@@ -514,6 +537,7 @@ class CostAwareLookahead(LookaheadPolicy):
     per_position: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     alternatives: str = attrs.field(default="auto", validator=_alternatives)
     replan_every: int = attrs.field(default=8, validator=integer(1))
+    memory: str | None = attrs.field(default=None, validator=_memory_file)
     clock: Callable[[], float] = attrs.field(default=time.perf_counter, validator=_callable, repr=False,
                                              metadata={PYTHON_ONLY: True})
 
@@ -588,6 +612,7 @@ class CostAwareLookahead(LookaheadPolicy):
     _alt_credit: float = attrs.field(default=0.0, init=False, repr=False)
     _alt_backoff: int = attrs.field(default=1, init=False, repr=False)
     _alt_probe: bool | None = attrs.field(default=None, init=False, repr=False)  # the choice a probe flipped
+    _recalled: bool = attrs.field(default=False, init=False, repr=False)  # memory was read (at the first request)
 
     # --- the estimates ---------------------------------------------------------------------------
 
@@ -659,12 +684,13 @@ class CostAwareLookahead(LookaheadPolicy):
         return max(pooled * (1 - pooled) / variance - 1, 1.0)
 
     def _fold_spread(self) -> None:
-        """Adds the finished request's rows (those with a few drafts' evidence) to ``_spread``."""
+        """Adds the finished request's rows (those with a few drafts' evidence) to ``_spread``, once."""
         if not self._row_history:
             return
+        rows, self._row_history = self._row_history, None
         weight, excess = self._spread
         weight, excess = weight * self.SPREAD_DECAY, excess * self.SPREAD_DECAY
-        for kept, missed, kept_expected in self._row_history:
+        for kept, missed, kept_expected in rows:
             seen = kept + missed
             if seen >= 4:  # against what the pool accepted where the row drafted
                 reference = _clip(kept_expected / seen)
@@ -833,6 +859,9 @@ class CostAwareLookahead(LookaheadPolicy):
     # --- the hooks -------------------------------------------------------------------------------
 
     def begin(self, state, target) -> None:
+        if self.memory is not None and not self._recalled:
+            self._recalled = True
+            self._recall(_machine(state))
         self._end_stretch()
         self._fold_spread()
         self._success = [0.0] * state.batch_size
@@ -1224,6 +1253,183 @@ class CostAwareLookahead(LookaheadPolicy):
         self._alt_pending = (step.draft.width, step.siblings > 0)
         self._alt_read = step.siblings > 0
         self._alt_credit += self.probe_rate / self._alt_backoff
+
+    # --- memory: what the policy learned, kept across processes ------------------------------------
+
+    def on_finish(self, state, output) -> None:
+        if self.memory is None:
+            return
+        self._end_stretch()
+        self._fold_spread()
+        self._remember(_machine(state))
+
+    def learned(self, machine: str = "") -> dict:
+        """What this policy carries from one request to the next, as JSON data (``memory``'s file):
+        the iteration times and what they imply (the cost fits, the prices of resuming and of a first
+        read, the first-position alternatives' ledgers, the probes' schedule), kept for ``machine``
+        alone, and the acceptance (pooled, per octave of tokens generated, by position, the rows'
+        spread, how often a row gets no draft), which does not depend on the machine."""
+        def cells(table):
+            return {str(key): list(cell) for key, cell in table.items()}
+
+        return {
+            "format": MEMORY_FORMAT,
+            "max_k": self.max_k,
+            "machine": machine,
+            "costs": {
+                "fits": {str(bucket): {"log_batch": fit.log_batch, "load": fit.load, "changes": fit.changes,
+                                       "cells": [[k, fit.weight[k], fit.mean[k], fit.count.get(k, 0.0)] for k in fit.weight]}
+                         for bucket, fit in self._fits.items()},
+                "resume": cells(self._resume),
+                "first_read": cells(self._first_read),
+                "stretch": cells(self._stretch),
+                "alternatives": {str(bucket): {"hits": ledger.hits, "seen": ledger.seen,
+                                               "cells": [[width, read, ledger.weight[(width, read)], ledger.mean[(width, read)],
+                                                          ledger.timings.get((width, read), 0)]
+                                                         for width, read in ledger.weight]}
+                                 for bucket, ledger in self._ledgers.items()},
+                # the probes' schedule: a call too short to earn a probe's credit carries it to the next
+                "probing": {"credit": self._probe_credit, "probes": self._probes, "backoff": self._backoff,
+                            "alternatives_credit": self._alt_credit, "alternatives_backoff": self._alt_backoff},
+            },
+            "acceptance": {
+                "pool": list(self._pool),
+                "spread": list(self._spread),
+                "by_generated": cells(self._by_generated),
+                "unproposed_by_generated": cells(self._unproposed_by_generated),
+                "reached": self._reached.tolist(),
+                "kept": self._kept.tolist(),
+            },
+        }
+
+    def restore(self, learned: dict, machine: str = "") -> bool:
+        """Take up what ``learned`` (another policy's ``learned()``) holds: the acceptance always, the
+        costs only where it was learned on ``machine`` (an iteration's seconds on another CPU, thread
+        count or device say nothing here). Returns whether the costs were taken. A ``ValueError``
+        says what is wrong with data that is not such a record, and changes nothing."""
+        try:
+            taken = _parse_learned(learned, self.max_k)
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+            raise ValueError(f"not a cost-aware memory: {type(exc).__name__}: {exc}") from None
+        acceptance, costs = taken
+        (self._pool, self._spread, self._by_generated, self._unproposed_by_generated,
+         self._reached, self._kept) = acceptance
+        same = learned.get("machine") == machine
+        if same:
+            (self._fits, self._resume, self._first_read, self._stretch, self._ledgers,
+             (self._probe_credit, self._probes, self._backoff, self._alt_credit, self._alt_backoff)) = costs
+            self._costs_cache, self._costs_stamp = {}, -1
+        return same
+
+    def _recall(self, machine: str) -> None:
+        """Read ``memory`` where the file exists; one that cannot be read is warned of and replaced
+        at the end of the request."""
+        path = Path(self.memory).expanduser()
+        try:
+            text = path.read_text()
+        except (FileNotFoundError, NotADirectoryError):  # nothing learned yet (an unwritable path warns once written)
+            return
+        except OSError as exc:
+            warnings.warn(f"policy 'cost-aware': cannot read its memory {str(path)!r} ({exc}); starting from nothing",
+                          PolicyMemoryWarning, stacklevel=2)
+            return
+        try:
+            self.restore(json.loads(text), machine)
+        except ValueError as exc:
+            warnings.warn(f"policy 'cost-aware': ignoring its memory {str(path)!r}: {exc}; starting from nothing "
+                          "and writing it anew after this request", PolicyMemoryWarning, stacklevel=2)
+
+    def _remember(self, machine: str) -> None:
+        """Write ``learned()`` to ``memory`` whole or not at all (a scratch file renamed into place),
+        so that a process that stops mid-write or writes beside another leaves a readable file."""
+        path = Path(self.memory).expanduser()
+        scratch = path.with_name(f".{path.name}.{os.getpid()}")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            scratch.write_text(json.dumps(self.learned(machine)))
+            os.replace(scratch, path)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                scratch.unlink(missing_ok=True)
+            warnings.warn(f"policy 'cost-aware': cannot write its memory {str(path)!r} ({exc}); what this process "
+                          "learned is not kept", PolicyMemoryWarning, stacklevel=2)
+
+
+# The layout of ``CostAwareLookahead.learned()``; a file of another is read as no memory.
+MEMORY_FORMAT = 1
+
+
+def _machine(state) -> str:
+    """What an iteration's seconds hold for: this CPU (or accelerator), torch and its thread count."""
+    from ..core.packed_linear import cpu_name  # not at import: it imports torch's submodules (core/deferred.py)
+
+    device = state.device
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
+    return f"{where}|{device.type}|torch {torch.__version__}|{torch.get_num_threads()} threads"
+
+
+def _number(value, low: float = 0.0) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < low:
+        raise ValueError(f"{value!r} is not a finite number >= {low}")
+    return float(value)
+
+
+def _parse_cells(table: dict, name: str) -> dict[int, list[float]]:
+    """``{"bucket": [weight, mean]}`` as the policy keeps it; the mean may be negative (an excess time)."""
+    if not isinstance(table, dict):
+        raise TypeError(f"{name} is not a table")
+    out = {}
+    for key, cell in table.items():
+        if not isinstance(cell, list) or len(cell) != 2:
+            raise ValueError(f"{name}[{key}] is not a [weight, mean] pair")
+        out[int(key)] = [_number(cell[0]), _number(cell[1], -math.inf)]
+    return out
+
+
+def _parse_learned(data: dict, max_k: int):
+    """``learned()``'s record as the policy's state: (acceptance, costs), each a tuple in the order
+    ``restore`` assigns them. Raises on anything that is not such a record for this ``max_k``."""
+    if not isinstance(data, dict) or data.get("format") != MEMORY_FORMAT:
+        raise ValueError(f"format {data.get('format') if isinstance(data, dict) else None!r}, expected {MEMORY_FORMAT}")
+    if data["max_k"] != max_k:
+        raise ValueError(f"written by a policy with max_k = {data['max_k']!r}, this one has {max_k}")
+    accepted = data["acceptance"]
+    pool = [_number(x) for x in accepted["pool"]]
+    spread = [_number(x, -math.inf) for x in accepted["spread"]]
+    if len(pool) != 2 or len(spread) != 2:
+        raise ValueError("pool and spread are pairs")
+    by_position = [np.array([_number(x) for x in accepted[key]], dtype=np.float64) for key in ("reached", "kept")]
+    if any(len(counts) != max_k for counts in by_position):
+        raise ValueError(f"reached and kept need {max_k} positions")
+    acceptance = (pool, spread, _parse_cells(accepted["by_generated"], "by_generated"),
+                  _parse_cells(accepted["unproposed_by_generated"], "unproposed_by_generated"), *by_position)
+    timed = data["costs"]
+    fits = {}
+    for bucket, fit in timed["fits"].items():
+        cells = {}
+        for k, weight, mean, count in fit["cells"]:
+            if not isinstance(k, int) or not 0 <= k <= max_k:
+                raise ValueError(f"fit {bucket}: k = {k!r} is outside 0..{max_k}")
+            cells[k] = (_number(weight), _number(mean), _number(count))
+        fits[int(bucket)] = CostFit(log_batch=_number(fit["log_batch"]), load=_number(fit["load"], 1e-9),
+                                    changes=int(_number(fit["changes"])),
+                                    weight={k: c[0] for k, c in cells.items()}, mean={k: c[1] for k, c in cells.items()},
+                                    count={k: c[2] for k, c in cells.items()})
+    ledgers = {}
+    for bucket, ledger in timed["alternatives"].items():
+        made = AlternativesLedger(hits=_number(ledger["hits"]), seen=_number(ledger["seen"]))
+        for width, read, weight, mean, timings in ledger["cells"]:
+            if not isinstance(width, int) or not isinstance(read, bool) or not isinstance(timings, int):
+                raise ValueError(f"alternatives {bucket}: a cell is not [width, read, weight, mean, timings]")
+            made.weight[(width, read)], made.mean[(width, read)] = _number(weight), _number(mean)
+            made.timings[(width, read)] = timings
+        ledgers[int(bucket)] = made
+    probing = timed["probing"]
+    schedule = (_number(probing["credit"]), int(_number(probing["probes"])), int(_number(probing["backoff"], 1)),
+                _number(probing["alternatives_credit"]), int(_number(probing["alternatives_backoff"], 1)))
+    costs = (fits, _parse_cells(timed["resume"], "resume"), _parse_cells(timed["first_read"], "first_read"),
+             _parse_cells(timed["stretch"], "stretch"), ledgers, schedule)
+    return acceptance, costs
 
 
 @hookimpl
