@@ -1421,6 +1421,33 @@ class TestMemory:
         assert choices[0][0].probing and choices[0][0].costs is None  # nothing known: explore
         assert not choices[1][0].probing and choices[1][0].costs is not None
 
+    def test_a_policy_built_anew_from_its_file_for_every_request_decides_as_one_kept_across_them(self, target, tmp_path):
+        """What ``specdec generate`` does call by call, against a server that keeps its decoder: with
+        the same (fake) costs, every lookahead of every request is the same."""
+        draft = perturbed_copy(target, 0.08)
+        requests = [left_padded(PROMPTS), left_padded(PROMPTS[:1]), left_padded(PROMPTS[1:3]), left_padded(PROMPTS[2:])]
+
+        def widths_of(policy, clock, input_ids, mask):
+            seen = []
+            recorder = Recorder()
+            SpeculativeDecoder(target=target, drafter=ModelDrafter(draft), policy=policy, observers=[recorder]).generate(
+                input_ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False)
+            return [step.draft.width for step in recorder.steps]
+
+        def cost(k):
+            return 1.0 + 0.3 * k
+
+        kept_clock = Ticks(cost)
+        kept = CostAwareLookahead(clock=kept_clock, probe_rate=0.2)
+        kept_clock.policy = kept
+        memory = tmp_path / "cost-aware.json"
+        for input_ids, mask in requests:
+            clock = Ticks(cost)
+            built = CostAwareLookahead(clock=clock, probe_rate=0.2, memory=str(memory))
+            clock.policy = built
+            assert widths_of(built, clock, input_ids, mask) == widths_of(kept, kept_clock, input_ids, mask)
+        assert kept._probes > 0  # the probes' schedule carried across the calls too
+
     def test_a_damaged_file_is_warned_of_then_replaced(self, target, tmp_path):
         import json
 

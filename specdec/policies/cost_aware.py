@@ -1290,7 +1290,10 @@ class CostAwareLookahead(LookaheadPolicy):
                                  for bucket, ledger in self._ledgers.items()},
                 # the probes' schedule: a call too short to earn a probe's credit carries it to the next
                 "probing": {"credit": self._probe_credit, "probes": self._probes, "backoff": self._backoff,
+                            "best_before": self._probe_best, "moved": self._probe_moved,
+                            "plain_price": self._plain_price if math.isfinite(self._plain_price) else None,
                             "alternatives_credit": self._alt_credit, "alternatives_backoff": self._alt_backoff},
+                "drafted": self._drafted,
             },
             "acceptance": {
                 "pool": list(self._pool),
@@ -1317,7 +1320,8 @@ class CostAwareLookahead(LookaheadPolicy):
         same = learned.get("machine") == machine
         if same:
             (self._fits, self._resume, self._first_read, self._stretch, self._ledgers,
-             (self._probe_credit, self._probes, self._backoff, self._alt_credit, self._alt_backoff)) = costs
+             (self._probe_credit, self._probes, self._backoff, self._probe_best, self._probe_moved, self._plain_price,
+              self._alt_credit, self._alt_backoff), self._drafted) = costs
             self._costs_cache, self._costs_stamp = {}, -1
         return same
 
@@ -1425,10 +1429,20 @@ def _parse_learned(data: dict, max_k: int):
             made.timings[(width, read)] = timings
         ledgers[int(bucket)] = made
     probing = timed["probing"]
+    best, moved, price = probing["best_before"], probing["moved"], probing["plain_price"]
+    if best is not None and not (isinstance(best, int) and 0 <= best <= max_k):
+        raise ValueError(f"probing: best_before = {best!r} is outside 0..{max_k}")
+    if moved is not None:
+        if not (isinstance(moved, list) and len(moved) == 2 and all(isinstance(x, int) and 0 <= x for x in moved)):
+            raise ValueError(f"probing: moved = {moved!r} is not [k, choices left]")
+        moved = tuple(moved)
     schedule = (_number(probing["credit"]), int(_number(probing["probes"])), int(_number(probing["backoff"], 1)),
+                best, moved, math.inf if price is None else _number(price),
                 _number(probing["alternatives_credit"]), int(_number(probing["alternatives_backoff"], 1)))
+    if not isinstance(timed["drafted"], bool):
+        raise ValueError(f"drafted = {timed['drafted']!r} is not true or false")
     costs = (fits, _parse_cells(timed["resume"], "resume"), _parse_cells(timed["first_read"], "first_read"),
-             _parse_cells(timed["stretch"], "stretch"), ledgers, schedule)
+             _parse_cells(timed["stretch"], "stretch"), ledgers, schedule, timed["drafted"])
     return acceptance, costs
 
 
