@@ -159,8 +159,11 @@ def contenders(run: str, target, head, heuristic_max: int, only=(), other_head=N
     # The head's next best candidates for the first position verified in the same forward (a token
     # tree of one level; greedy only: under sampling they are not drafted). cost-aware reads them where
     # their measured price pays; "(always)" reads them whenever the head drafted (stops 23-24).
-    for count in (2, 3):
+    for count in (2, 3, 5, 8):
         found[f"{behind} cost-aware +{count} alternatives"] = spec(behind_lookup(alternatives=count), CostAwareLookahead())
+        # The head drafting up to 3 tokens, with the alternatives: where a wide verify costs what a narrow one does.
+        found[f"{behind} cost-aware then 3 +{count} alternatives"] = spec(behind_lookup(then=3, alternatives=count),
+                                                                        CostAwareLookahead())
         found[f"{behind} cost-aware +{count} alternatives (always)"] = spec(behind_lookup(alternatives=count),
                                                                            CostAwareLookahead(alternatives="always"))
         found[f"{behind} cost-aware by position +{count} alternatives"] = spec(behind_lookup(alternatives=count),

@@ -1427,8 +1427,7 @@ class TestMemory:
         draft = perturbed_copy(target, 0.08)
         requests = [left_padded(PROMPTS), left_padded(PROMPTS[:1]), left_padded(PROMPTS[1:3]), left_padded(PROMPTS[2:])]
 
-        def widths_of(policy, clock, input_ids, mask):
-            seen = []
+        def widths_of(policy, input_ids, mask):
             recorder = Recorder()
             SpeculativeDecoder(target=target, drafter=ModelDrafter(draft), policy=policy, observers=[recorder]).generate(
                 input_ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False)
@@ -1445,7 +1444,7 @@ class TestMemory:
             clock = Ticks(cost)
             built = CostAwareLookahead(clock=clock, probe_rate=0.2, memory=str(memory))
             clock.policy = built
-            assert widths_of(built, clock, input_ids, mask) == widths_of(kept, kept_clock, input_ids, mask)
+            assert widths_of(built, input_ids, mask) == widths_of(kept, input_ids, mask)
         assert kept._probes > 0  # the probes' schedule carried across the calls too
 
     def test_a_damaged_file_is_warned_of_then_replaced(self, target, tmp_path):
