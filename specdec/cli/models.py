@@ -16,7 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..errors import SpecdecError
-from .common import stderr_console
+from .common import fail, set_up_logging, stderr_console
 
 models_app = typer.Typer(help="Fetch and convert known models into the local cache.", no_args_is_help=True)
 console = Console()
@@ -28,11 +28,6 @@ CACHE_HELP = "Cache folder (default: $SPECDEC_CACHE/models, else ~/.cache/specde
 @models_app.callback()
 def _models():
     """Fetch and convert known models into the local cache."""
-
-
-def _fail(message: str) -> typer.Exit:
-    errors.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
-    return typer.Exit(code=2)
 
 
 @models_app.command("fetch")
@@ -51,6 +46,7 @@ def fetch(
 
     from ..convert.fetch import fetch_model
 
+    set_up_logging()  # transformers' own loading and writing bars would draw under this command's
     bar = Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=errors,
                    disable=not progress, transient=True)
     try:
@@ -59,7 +55,7 @@ def fetch(
             path = fetch_model(name, cache_dir=cache_dir, force=force,
                                on_progress=lambda message, fraction: bar.update(task, completed=fraction, description=f"{name}: {message}"))
     except SpecdecError as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     errors.print(f"{escape(name)} is ready in {escape(str(path))}", highlight=False)
     print(path)
 
