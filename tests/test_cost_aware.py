@@ -1396,7 +1396,7 @@ class TestMemory:
             policies.append(policy)
         first, second = policies
         assert second._pool != [0.0, 0.0] and second._pool != first._pool  # read, then counted on
-        assert second._fits[bucket_of(4)].changes > first._fits[bucket_of(4)].changes - 1
+        assert second._fits[bucket_of(4)].changes > first._fits[bucket_of(4)].changes  # its timings went on from the first's
 
     def test_the_first_request_of_a_fresh_policy_explores_and_a_remembered_one_does_not(self, target, tmp_path):
         memory = tmp_path / "cost-aware.json"
