@@ -142,6 +142,22 @@ class TestTranscribeCommand:
         result = CliRunner().invoke(app, ["transcribe", paths[0], "--config", str(config)])
         assert "alternatives read in" in result.stderr
 
+    def test_cost_aware_keeps_its_memory_in_the_cache_and_the_text_is_the_targets(self, app, workspace, tmp_path,
+                                                                                   monkeypatch):
+        """With [policy] use = "cost-aware" and no memory set, transcribe keeps one in $SPECDEC_CACHE/policies."""
+        monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+        config = tmp_path / "whisper.toml"
+        config.write_text((workspace / "whisper.toml").read_text()
+                          .replace('model = "target"', f'model = "{workspace / "target"}"')
+                          .replace('model = "draft"', f'model = "{workspace / "draft"}"') + '\n[policy]\nuse = "cost-aware"\n')
+        paths = [str(workspace / name) for name in ("tone.wav", "noise.flac")]
+        for _ in range(2):
+            result = CliRunner().invoke(app, ["transcribe", *paths, "--json", "--config", str(config)])
+            assert result.exit_code == 0, result.output
+            assert [f["text"] for f in json.loads(result.stdout)["files"]] == reference_texts(workspace, ["tone.wav", "noise.flac"])
+        files = list((tmp_path / "cache" / "policies").glob("cost-aware-*.json"))
+        assert len(files) == 1 and json.loads(files[0].read_text())["format"] == 1
+
     def test_long_audio_in_30_second_windows(self, app, workspace):
         """45 s of audio is transcribed long-form, as target.generate does, beside a short file."""
         result = run(app, workspace, "long.wav", "tone.wav", options=["--json"])
