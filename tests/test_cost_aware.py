@@ -1324,7 +1324,7 @@ class TestMemory:
         ledger = policy._ledgers.setdefault(1, AlternativesLedger())
         ledger.add_time(2, True, 1.6, policy.decay)
         ledger.add_hits(1.0, policy.decay)
-        policy._backoff, policy._probe_credit = 4, 0.75
+        policy._backoff, policy._probe_credit, policy._probe_moved = 4, 0.75, (2, 5)
         return policy
 
     def test_what_it_learned_survives_its_file_and_decides_alike(self):

@@ -1433,7 +1433,7 @@ def _parse_learned(data: dict, max_k: int):
     if best is not None and not (isinstance(best, int) and 0 <= best <= max_k):
         raise ValueError(f"probing: best_before = {best!r} is outside 0..{max_k}")
     if moved is not None:
-        if not (isinstance(moved, list) and len(moved) == 2 and all(isinstance(x, int) and 0 <= x for x in moved)):
+        if not (isinstance(moved, (list, tuple)) and len(moved) == 2 and all(isinstance(x, int) and 0 <= x for x in moved)):
             raise ValueError(f"probing: moved = {moved!r} is not [k, choices left]")
         moved = tuple(moved)
     schedule = (_number(probing["credit"]), int(_number(probing["probes"])), int(_number(probing["backoff"], 1)),
