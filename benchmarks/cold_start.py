@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -133,6 +134,7 @@ def main():
         + f" (warm after its first pass: {statistics.median(p['vs_target']['cost-aware, warm'] for p in later):.3f}x)")
     if args.json:
         args.json.write_text(json.dumps(dict(args=vars(args) | {"json": str(args.json)}, passes=passes), indent=1))
+    shutil.rmtree(memory.parent, ignore_errors=True)
 
 
 if __name__ == "__main__":
