@@ -24,6 +24,8 @@ English, task transcribe, no timestamps, greedy):
 - ``specdec-unpacked``: ``specdec`` with ``packed_weights=False`` (torch's own linear path).
 - ``specdec-alt1``, ``-alt2``, ``-alt3``: ``specdec`` with the draft's 1, 2 or 3 next best candidates
   for the first position verified too (``alternatives``, a token tree of one level; docs/strategies.md).
+- ``specdec-bf16``, ``specdec-alt3-bf16``: ``specdec`` and ``specdec-alt3`` with the draft's linear
+  layers on bfloat16 weights where this CPU runs them faster (``matmul_precision = "auto"``).
 - ``specdec-draft2``: ``specdec`` with the shared-encoder draft of ``--draft2`` instead.
 - ``specdec-head``, ``specdec-head-alt3``: ``WhisperSpeculativeDecoder`` with the ``hidden-state``
   drafter and the head of ``--head`` (EAGLE-style: decoder layers reading base's own decoder
@@ -164,11 +166,12 @@ def contenders(target, draft, policy: str, int8, assistant, hf_tokens: int | Non
         kwargs = {} if hf_tokens is None else {"num_assistant_tokens": hf_tokens, "num_assistant_tokens_schedule": "constant"}
         return target.generate(x, language="en", task="transcribe", assistant_model=assistant, **kwargs), None
 
-    def speculative(model, choice, packed=True, rule=None, alternatives=0):
+    def speculative(model, choice, packed=True, rule=None, alternatives=0, precision="highest"):
         # One decoder for every call, as `specdec transcribe` keeps one over its files: a policy
         # that measures (cost-aware) keeps what it learnt.
-        drafter = (HiddenStateDrafter(head=str(model), alternatives=alternatives) if isinstance(model, Path)
-                   else SharedEncoderDrafter(model=model, alternatives=alternatives))
+        options = dict(alternatives=alternatives, matmul_precision=precision)
+        drafter = (HiddenStateDrafter(head=str(model), **options) if isinstance(model, Path)
+                   else SharedEncoderDrafter(model=model, **options))
         decoder = SpeculativeDecoder(target=target, drafter=drafter, policy=make_policy(choice), packed_weights=packed)
         whisper = WhisperSpeculativeDecoder(decoder)
 
@@ -192,6 +195,9 @@ def contenders(target, draft, policy: str, int8, assistant, hf_tokens: int | Non
         out[named("specdec-stop34", choice)] = (None, speculative(draft, choice, rule="stop 34"))
         for count in (1, 2, 3):
             out[named(f"specdec-alt{count}", choice)] = (None, speculative(draft, choice, alternatives=count))
+        # The draft's linear layers on bfloat16 weights where this CPU runs them faster (matmul_precision "auto").
+        out[named("specdec-bf16", choice)] = (None, speculative(draft, choice, precision="auto"))
+        out[named("specdec-alt3-bf16", choice)] = (None, speculative(draft, choice, alternatives=3, precision="auto"))
     for choice in choices if other_draft is not None else ():
         out[named("specdec-draft2", choice)] = (None, speculative(other_draft, choice))
     for number, head in enumerate(heads, 1):
@@ -224,6 +230,7 @@ def measure(args) -> dict:
     wanted = set(args.contenders.split(","))
     # Only contenders that draft with it load the draft: base's peak memory (--memory) must not hold it.
     draft = load_shared_encoder_draft(args.draft, target) if wanted & {"specdec", "specdec-unpacked", "specdec-stop21", "specdec-widthon", "specdec-stop34", "specdec-alt1", "specdec-alt2", "specdec-alt3",
+                                                                   "specdec-bf16", "specdec-alt3-bf16",
                                                                    "hf-assisted"} else None
     eot = target.generation_config.eos_token_id
     clock = EncoderClock(target)

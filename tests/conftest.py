@@ -19,22 +19,32 @@ from specdec.observers import Observer
 torch.set_num_threads(1)
 
 REAL_TIME_SHAPE = packed_linear.time_shape
+REAL_TIME_SHAPE_BFLOAT16 = packed_linear.time_shape_bfloat16
 REAL_RECORDED, REAL_RECORD = packed_linear._recorded, packed_linear._record
 
 
-def pin_packing(monkeypatch, start: int | None = 4, smallest: int = 3 << 18, one_row: bool = False) -> None:
+def pin_packing(monkeypatch, start: int | None = 4, smallest: int = 3 << 18, one_row: bool = False,
+                bfloat16: bool = True) -> None:
     """Make packed_linear's timing say that packed weights are faster from ``start`` rows (None:
     never), and at one row (a drafter's step) with ``one_row``, for weights of ``smallest`` elements
-    or more, and never for smaller ones."""
+    or more, and never for smaller ones; and, with ``bfloat16``, that bfloat16 weights are faster
+    still at every width for those weights (a drafter's ``matmul_precision = "auto"``)."""
 
     def timed(weight):  # torch's path cheap below start, so that padding to start rows does not pay either
         wins = start is not None and weight.numel() >= smallest
         return {rows: (1.0, 0.5) if wins and (rows >= start or rows == 1 and one_row) else (0.5, 1.0)
                 for rows in packed_linear.TRIAL_ROWS}
 
+    def timed_bfloat16(weight):
+        wins = bfloat16 and start is not None and weight.numel() >= smallest
+        return {rows: (0.2,) if wins else (2.0,) for rows in packed_linear.TRIAL_ROWS}
+
     monkeypatch.setattr(packed_linear, "_MEASURED", {})
-    monkeypatch.setattr(packed_linear, "_LINEARS", weakref.WeakKeyDictionary())  # models cached across tests
+    monkeypatch.setattr(packed_linear, "_MEASURED_BF16", {})
+    for cache in ("_LINEARS", "_CANDIDATES", "_BF16_PLANS"):  # models cached across tests
+        monkeypatch.setattr(packed_linear, cache, weakref.WeakKeyDictionary())
     monkeypatch.setattr(packed_linear, "time_shape", timed)
+    monkeypatch.setattr(packed_linear, "time_shape_bfloat16", timed_bfloat16)
     monkeypatch.setattr(packed_linear, "_recorded", lambda: {})  # never what this machine measured before
     monkeypatch.setattr(packed_linear, "_record", lambda key, times: None)
     monkeypatch.setattr(packed_linear, "MIN_WEIGHT", min(packed_linear.MIN_WEIGHT, smallest))

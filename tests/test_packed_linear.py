@@ -15,12 +15,13 @@ from transformers import GenerationMixin
 from specdec import ConfigError, SpeculativeDecoder
 from specdec.config import SpecdecConfig
 from specdec.core import packed_linear
-from specdec.drafters import ModelDrafter, NGramDrafter, SharedEncoderDrafter
+from specdec.drafters import HiddenStateDrafter, ModelDrafter, NGramDrafter, SharedEncoderDrafter
 from specdec.errors import PackingWarning, RereadWarning
 from specdec.policies import ConstantLookahead
 
 from .architectures import tiny_family_model
-from .conftest import REAL_RECORD, REAL_RECORDED, REAL_TIME_SHAPE, pin_packing
+from .conftest import (REAL_RECORD, REAL_RECORDED, REAL_TIME_SHAPE, REAL_TIME_SHAPE_BFLOAT16, greedy_reference,
+                       left_padded_prompts, pin_packing, tiny_model)
 from .test_pair import PAIR, needs_pair
 from .tiny_whisper import NO_TIMESTAMPS, SOT, TRANSCRIBE, decoder_of, features, tiny_whisper
 
@@ -469,3 +470,136 @@ def test_packed_weights_is_checked(tmp_path):
         SpecdecConfig.from_toml(toml)
     toml.write_text(f'[target]\nmodel = "{PAIR / "target"}"\npacked_weights = false\n\n[drafter]\nuse = "ngram"\n')
     assert SpecdecConfig.from_toml(toml).packed_weights is False
+
+
+# --- a drafter's bfloat16 weights (matmul_precision) ---------------------------------------------
+
+needs_bfloat16 = pytest.mark.skipif(not packed_linear.bfloat16_available(), reason="no oneDNN bfloat16 matmul here")
+
+
+def test_bfloat16_wins_where_it_takes_at_most_the_margin_of_float32s_faster_path():
+    """"auto" reads bfloat16 at a width where it beats the faster of torch's path and the packed one
+    (padded as packed runs) by the margin, and nowhere else."""
+    times = {1: (1.0, 0.8), 2: (2.0, 1.0), 3: (2.0, 0.5), 4: (2.0, 0.4), 8: (2.0, 0.6), 12: (2.0, 0.8), 16: (0.5, 1.0)}
+    assert packed_linear.pad_widths(times) == {1: 4, 2: 4, 3: 4}  # so 1-3 rows run as 4 (0.4) in float32
+    bfloat16 = {1: (0.3,), 2: (0.5,), 3: (0.3,), 4: (0.36,), 8: (0.5,), 12: (0.73,), 16: (0.44,)}
+    # 1, 3: 0.3 <= 0.9 x 0.4; 2: 0.5 > 0.36; 4: 0.36 = 0.9 x 0.4; 8: 0.5 <= 0.54; 12: 0.73 > 0.72;
+    # 16: 0.44 <= 0.9 x 0.5, torch's path being the faster float32 one there
+    assert packed_linear.bfloat16_wins(times, bfloat16) == frozenset({1, 3, 4, 8, 16})
+    weight = linear().weight
+    assert packed_linear.bfloat16_at(weight, "medium") == frozenset(packed_linear.TRIAL_ROWS)
+    assert packed_linear.bfloat16_at(weight, "highest") == frozenset()
+
+
+@needs_bfloat16
+@torch.no_grad()
+def test_a_bfloat16_layer_computes_the_linear_layer_to_bfloat16s_rounding():
+    layer = linear()
+    everywhere = frozenset(packed_linear.TRIAL_ROWS)
+    for rows in (1, 3, 8):
+        x = torch.randn(rows, 512)
+        out = packed_linear._mixed_forward(layer, everywhere, frozenset(), {}, x)
+        expected = F.linear(x, layer.weight, layer.bias)
+        assert out.dtype == torch.float32 and out.shape == expected.shape
+        assert not torch.equal(out, expected)  # bfloat16's products, not float32's
+        assert torch.allclose(out, expected, rtol=0.05, atol=0.05 * float(expected.abs().mean()))
+    x = torch.randn(2, 3, 512)  # a [batch, tokens, features] block, at a width it was not given bfloat16 for
+    out = packed_linear._mixed_forward(layer, frozenset({1}), frozenset(), {}, x)
+    assert torch.equal(out, F.linear(x, layer.weight, layer.bias))
+    assert layer.weight in packed_linear._PACKED_BF16 and packed_linear._PACKED_BF16[layer.weight][1].dtype == torch.bfloat16
+
+
+@needs_pair
+@needs_bfloat16
+@torch.no_grad()
+def test_a_draft_on_bfloat16_weights_stays_exact_and_the_target_never_reads_them(monkeypatch):
+    """The bundled pair in float32: with ``matmul_precision`` "medium", or "auto" where bfloat16 is
+    timed faster, the draft model's steps read bfloat16 copies of its weights and the output is
+    generate's at batch 1 and 2; the target's weights are never copied to bfloat16; "highest", and
+    "auto" where bfloat16 is timed slower, leave the draft in float32."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(PAIR, local_files_only=True, padding_side="left")
+    target, draft = (AutoModelForCausalLM.from_pretrained(PAIR / name, dtype=torch.float32, local_files_only=True).eval()
+                     for name in ("target", "draft"))
+    batch = tokenizer(["def fibonacci(n):\n", "import os\n\n\ndef main("], return_tensors="pt", padding=True)
+    expected = target.generate(**batch, max_new_tokens=24, do_sample=False)
+    for precision, faster, copied in (("highest", True, False), ("medium", False, True), ("auto", True, True),
+                                      ("auto", False, False)):
+        pin_packing(monkeypatch, start=4, smallest=1 << 20, one_row=True, bfloat16=faster)  # both LM heads
+        monkeypatch.setattr(packed_linear, "_PACKED_BF16", packed_linear.WeakIdKeyDictionary())
+        decoder = SpeculativeDecoder(target=target, drafter=ModelDrafter(draft, matmul_precision=precision),
+                                     policy=ConstantLookahead(k=3))
+        for rows in (slice(0, 1), slice(0, 2)):
+            inputs = {name: value[rows] for name, value in batch.items()}
+            out = decoder.generate(**inputs, max_new_tokens=24)
+            reference = expected[rows] if rows.stop == 2 else target.generate(**inputs, max_new_tokens=24, do_sample=False)
+            assert torch.equal(out.sequences, reference[:, : out.sequences.shape[1]]), precision
+        assert out.stats.accepted > 0
+        assert (draft.lm_head.weight in packed_linear._PACKED_BF16) is copied, (precision, faster)
+        assert not any(parameter in packed_linear._PACKED_BF16 for parameter in target.parameters())
+
+
+@needs_bfloat16
+def test_a_hidden_state_head_on_bfloat16_weights_stays_exact(monkeypatch):
+    """A float32 tiny Llama with a trained head whose every linear layer, the readout included, reads
+    bfloat16 weights ("medium"): generate's output on a ragged batch, and the head did draft."""
+    from .test_hidden_state import trained_head
+
+    pin_packing(monkeypatch, start=2, smallest=1, one_row=True)  # every layer of these tiny models
+    target = copy.deepcopy(tiny_model("llama")).float()
+    head = copy.deepcopy(trained_head("llama"))
+    ids, mask = left_padded_prompts([9, 3, 14, 6], vocab=target.config.vocab_size)
+    expected = greedy_reference(target, ids, mask, 20)
+    drafter = HiddenStateDrafter(head, matmul_precision="medium")
+    out = SpeculativeDecoder(target=target, drafter=drafter, policy=ConstantLookahead(k=3)).generate(
+        ids, attention_mask=mask, max_new_tokens=20)
+    assert torch.equal(out.sequences, expected)
+    assert out.stats.drafted > 0 and out.stats.accepted > 0
+    assert head.readout_layer.weight in packed_linear._PACKED_BF16 and head.fc.weight in packed_linear._PACKED_BF16
+    assert not any(parameter in packed_linear._PACKED_BF16 for parameter in target.parameters())
+
+
+def test_a_bfloat16_timing_is_kept_beside_the_float32_ones(monkeypatch, tmp_path):
+    """A shape's bfloat16 times go to the same file under their own key, one time per width; writing
+    a float32 entry later keeps them, and a damaged bfloat16 entry is timed again."""
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(packed_linear, "_recorded", REAL_RECORDED)
+    monkeypatch.setattr(packed_linear, "_record", REAL_RECORD)
+    timed = []
+    bfloat16 = {rows: (0.25,) for rows in packed_linear.TRIAL_ROWS}
+    monkeypatch.setattr(packed_linear, "time_shape_bfloat16", lambda weight: timed.append("bfloat16") or bfloat16)
+    monkeypatch.setattr(packed_linear, "time_shape",
+                        lambda weight: timed.append("float32") or {rows: (1.0, 0.5) for rows in packed_linear.TRIAL_ROWS})
+    weight = linear().weight
+    assert packed_linear.bfloat16_at(weight, "auto") == frozenset(packed_linear.TRIAL_ROWS)
+    record = json.loads(packed_linear.measurements_file().read_text())
+    key = packed_linear._machine_key(tuple(weight.shape))
+    assert record[key + "|bfloat16"] == {str(rows): [0.25] for rows in packed_linear.TRIAL_ROWS}
+    assert sorted(record) == [key, key + "|bfloat16"] and timed == ["float32", "bfloat16"]
+    monkeypatch.setattr(packed_linear, "_MEASURED", {})
+    monkeypatch.setattr(packed_linear, "_MEASURED_BF16", {})  # a new process: read, not timed
+    assert packed_linear.bfloat16_at(weight, "auto") == frozenset(packed_linear.TRIAL_ROWS) and len(timed) == 2
+    monkeypatch.setattr(packed_linear, "_MEASURED_BF16", {})
+    packed_linear.measurements_file().write_text(json.dumps({**record, key + "|bfloat16": {"1": [0.25, 0.25]}}))
+    assert packed_linear.bfloat16_at(weight, "auto") == frozenset(packed_linear.TRIAL_ROWS) and timed[-1] == "bfloat16"
+    assert len(timed) == 3
+
+
+@needs_bfloat16
+def test_the_bfloat16_timing_times_every_width():
+    times = REAL_TIME_SHAPE_BFLOAT16(torch.zeros(256, 512))
+    assert sorted(times) == list(packed_linear.TRIAL_ROWS) and all(len(t) == 1 and t[0] > 0 for t in times.values())
+
+
+def test_matmul_precision_is_checked(tmp_path):
+    for drafter in (lambda value: ModelDrafter(decoder_of(tiny_whisper(seed=0)), matmul_precision=value),
+                    lambda value: HiddenStateDrafter("head.safetensors", matmul_precision=value)):
+        with pytest.raises(ConfigError, match=r"option 'matmul_precision' must be one of 'highest', 'medium', 'auto', "
+                                              r"got 'bf16'"):
+            drafter("bf16")
+    toml = tmp_path / "plugins.toml"
+    toml.write_text(f'[target]\nmodel = "{PAIR / "target"}"\n\n[drafter]\nuse = "model"\nmodel = "{PAIR / "draft"}"\n'
+                    'matmul_precision = "low"\n')
+    with pytest.raises(ConfigError, match=r"drafter 'model': option 'matmul_precision' must be one of .*got 'low'"):
+        SpeculativeDecoder.from_config(SpecdecConfig.from_toml(toml))

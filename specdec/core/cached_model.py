@@ -42,9 +42,13 @@ class CachedModel:
     """``runner``'s model plus a ``SlotCache`` of the request's active rows, and how far each row's
     committed tokens have been read (``fed_host``, buffer positions, CPU)."""
 
-    def __init__(self, runner: CausalLMRunner | RereadingRunner | Seq2SeqRunner, role: str = "draft"):
+    def __init__(self, runner: CausalLMRunner | RereadingRunner | Seq2SeqRunner, role: str = "draft",
+                 matmul_precision: str = "highest"):
         self.runner = runner
         self.role = role  # "target" or "draft": which models ``state.compile`` names
+        # A drafter's: its packed steps read bfloat16 weights ("medium", or "auto" where measured
+        # faster; core/packed_linear.py). The target's steps are always its own dtype's.
+        self.matmul_precision = "highest" if role == "target" else matmul_precision
         self.slots = None
         self.fed_host: torch.Tensor | None = None  # [R] long, CPU, by original row id
         self._round_columns = 0  # slots reserved since the last keep
@@ -67,8 +71,9 @@ class CachedModel:
                                     and applies_to(self.model))
         # A drafter's one-token steps too: only the target's plain steps must stay generate's own.
         self.runner.packed_one_row = self.runner.packed_steps and self.role != "target"
+        self.runner.matmul_precision = self.matmul_precision if self.runner.packed_one_row else "highest"
         if self.runner.packed_steps:
-            pack(self.model)  # now, not in the first step the policies time
+            pack(self.model, self.runner.matmul_precision)  # now, not in the first step the policies time
         self.runner.grouped_steps = (not self.runner.rereads and not self.runner.compiled_steps
                                      and gqa_attention.applies_to(self.model))
         if self.slots is not None:

@@ -1,5 +1,5 @@
 """A draft built one token per forward, shared by every drafter that drafts with a model, and the
-``alternatives`` option of those drafters."""
+``alternatives`` and ``matmul_precision`` options of those drafters."""
 
 from __future__ import annotations
 
@@ -13,6 +13,10 @@ from .types import Draft
 # whisper-base the draft's 4th to 6th candidates add 3 points of coverage together
 # (benchmarks/draft_alternatives.py).
 MAX_ALTERNATIVES = 8
+# A drafter's matmul_precision (core/packed_linear.py): "highest" its float32 as loaded, "medium"
+# bfloat16 weights in every step's linear layers, "auto" bfloat16 for the weight shapes this machine
+# runs faster so.
+MATMUL_PRECISIONS = ("highest", "medium", "auto")
 
 
 def alternatives_option(instance, attribute, value) -> None:
@@ -20,6 +24,13 @@ def alternatives_option(instance, attribute, value) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_ALTERNATIVES:
         raise ConfigError(f"drafter '{instance.name}': option 'alternatives' must be an integer from 0 to "
                           f"{MAX_ALTERNATIVES}, got {value!r}")
+
+
+def matmul_precision_option(instance, attribute, value) -> None:
+    """attrs validator of a drafter's ``matmul_precision``: one of ``MATMUL_PRECISIONS``."""
+    if value not in MATMUL_PRECISIONS:
+        raise ConfigError(f"drafter '{instance.name}': option 'matmul_precision' must be one of "
+                          f"{', '.join(repr(choice) for choice in MATMUL_PRECISIONS)}, got {value!r}")
 
 
 class TokenByToken:

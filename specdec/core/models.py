@@ -392,6 +392,7 @@ class CausalLMRunner:
     compiled_steps = False  # set per request (CachedModel.begin): call a compiled forward after the prefill
     packed_steps = False  # set per request (CachedModel.begin): steps after the prefill on packed weights
     packed_one_row = False  # set per request (CachedModel.begin): one-token steps too (a drafter's)
+    matmul_precision = "highest"  # set per request (CachedModel.begin): a drafter's bfloat16 weights
     grouped_steps = False  # set per request (CachedModel.begin): multi-token steps' attention by gqa_steps
 
     @property
@@ -453,7 +454,7 @@ class CausalLMRunner:
         step = slots.length > input_ids.shape[1]  # not the prefill
         if self.compiled_steps and slots.static and step:
             call = compiled_forward(self.model)
-        with (packed_steps(self.model, input_ids.numel(), self.packed_one_row) if self.packed_steps and step
+        with (packed_steps(self.model, input_ids.numel(), self.packed_one_row, self.matmul_precision) if self.packed_steps and step
               else nullcontext()), \
                 (gqa_steps(self.model) if self.grouped_steps and step and not one_token else nullcontext()):
             out = call(attention_mask=attention_mask, position_ids=position_ids, use_cache=True, **kwargs)
@@ -636,6 +637,7 @@ class Seq2SeqRunner:
     REQUIRED = ("encoder_outputs", "decoder_input_ids", "decoder_attention_mask", "decoder_position_ids")
     packed_steps = False  # set per request (CachedModel.begin): decoder steps after the first on packed weights
     packed_one_row = False  # set per request (CachedModel.begin): one-token steps too (a drafter's)
+    matmul_precision = "highest"  # set per request (CachedModel.begin): a drafter's bfloat16 weights
 
     def __init__(self, model: PreTrainedModel):
         missing = [name for name in self.REQUIRED if not _accepts(model, name)]
@@ -733,7 +735,7 @@ class Seq2SeqRunner:
                                                first_query_slot=slots.length - input_ids.shape[1], branches=branches)
         tokens = {"decoder_input_ids": input_ids} if inputs_embeds is None else {"decoder_inputs_embeds": inputs_embeds}
         step = slots.length > input_ids.shape[1]  # the first read computes the cross-attention keys, as generate's
-        with packed_steps(self.model, input_ids.numel(), self.packed_one_row) if self.packed_steps and step else nullcontext():
+        with packed_steps(self.model, input_ids.numel(), self.packed_one_row, self.matmul_precision) if self.packed_steps and step else nullcontext():
             out = self.model(
                 encoder_outputs=self.encoder_outputs,
                 attention_mask=self._encoder_mask,

@@ -52,6 +52,17 @@ model) where only the large weights win. A model whose packed copy would take mo
 the memory left is not packed, with a ``PackingWarning``. Only torch builds whose linear layers run
 on MKL (x86) pack: the step measured above is MKL's.
 
+A drafter may also read its weights in bfloat16 (its ``matmul_precision``: "medium" always, "auto"
+where a shape's call is measured faster): the weight packed once more in bfloat16, the call's rows
+rounded to bfloat16 on the way in and its result returned in float32; norms, attention and softmax
+stay in float32, which torch's CPU kernels run faster there (stop 23 cast a whole draft to bfloat16
+and it ran slower). A draft step is bound by reading weights that the target's verify has just
+pushed out of the caches, so half the bytes is most of the gain: on the Zen 4 EPYC a one-row call of
+SmolLM2's head's 8192 x 576 readout takes 0.19 ms in bfloat16 against 0.51 ms packed in float32
+(hot; docs/benchmarks.md, stop 51). Only the draft's numbers change, which never reach the output:
+greedy verification compares with the target's own tokens, and rejection sampling corrects with the
+q the draft was sampled from, whatever its precision. A target's steps are never bfloat16.
+
 Rounding: the packed matmul adds its products in another order than sgemm, as sgemm already does
 between a 1-row and a 4-row call; the logits differ in the last bits, as a verify's already differ
 from ``generate``'s one-token steps. Greedy outputs are checked identical on the real models
@@ -106,8 +117,15 @@ _log = logging.getLogger(__name__)
 # weight shape -> {rows: (torch's seconds, packed seconds)} on this machine (time_shape)
 _MEASURED: dict[tuple[int, int], dict[int, tuple[float, float]]] = {}
 _PACKED: WeakIdKeyDictionary = WeakIdKeyDictionary()  # weight -> (its _version when packed, packed weight)
+_PACKED_BF16: WeakIdKeyDictionary = WeakIdKeyDictionary()  # the same in bfloat16 (a drafter's "medium" steps)
+# weight shape -> {rows: (bfloat16 packed seconds,)} on this machine (time_shape_bfloat16)
+_MEASURED_BF16: dict[tuple[int, int], dict[int, tuple[float]]] = {}
 # model -> [_Switch of each nn.Linear worth packing]
 _LINEARS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# model -> [nn.Linear that packing could serve] (_candidates)
+_CANDIDATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# model -> {(matmul_precision, trial width): [(layer, forward)]}: a drafter's steps with bfloat16 weights
+_BF16_PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class _Switch(NamedTuple):
@@ -133,16 +151,19 @@ def applies_to(model: torch.nn.Module) -> bool:
 
 
 @contextlib.contextmanager
-def packed_steps(model: torch.nn.Module, rows: int, one_row: bool = False):
+def packed_steps(model: torch.nn.Module, rows: int, one_row: bool = False, matmul_precision: str = "highest"):
     """Within it, ``model``'s linear layers measured faster packed at ``rows`` rows read packed weights.
     A one-row call is packed only for ``one_row`` (a drafter's step): a target's plain steps stay
-    ``generate``'s own."""
+    ``generate``'s own. ``matmul_precision`` "medium" or "auto" (a drafter's, ``one_row`` with it):
+    layers read bfloat16 weights where ``bfloat16_at`` says so, float32 packed ones elsewhere as above."""
     if rows < 2 and not one_row:
         yield
         return
-    # Built once per model: switching SmolLM2's 211 layers costs 0.4 ms a step, building their
-    # forwards anew each step 2.9 ms.
-    if rows < 2:
+    if one_row and matmul_precision != "highest" and bfloat16_available():
+        switched = _bfloat16_plan(model, matmul_precision, trial_width(rows))
+    elif rows < 2:
+        # Built once per model: switching SmolLM2's 211 layers costs 0.4 ms a step, building their
+        # forwards anew each step 2.9 ms.
         switched = [(switch.module, switch.one_row) for switch in _switches(model) if switch.one_row is not None]
     else:
         trial = trial_width(rows)
@@ -183,13 +204,29 @@ def trial_width(rows: int) -> int:
     return max((width for width in TRIAL_ROWS if width <= rows), default=TRIAL_ROWS[0])
 
 
-def pack(model: torch.nn.Module) -> None:
-    """Pack every layer ``packed_steps`` would switch, now (a no-op for layers already packed).
-    specdec calls it as a request begins: packing takes time (0.85 s for SmolLM2-135M), which would
-    otherwise land in the first multi-token step, where the cost-aware policies would take it for
-    what a verify costs."""
+def pack(model: torch.nn.Module, matmul_precision: str = "highest") -> None:
+    """Pack every layer ``packed_steps`` would switch, now (a no-op for layers already packed), in
+    bfloat16 too where ``matmul_precision`` reads it. specdec calls it as a request begins: packing
+    takes time (0.85 s for SmolLM2-135M), which would otherwise land in the first multi-token step,
+    where the cost-aware policies would take it for what a verify costs."""
     for switch in _switches(model):
         packed_weight(switch.module.weight)
+    if matmul_precision != "highest" and bfloat16_available():
+        candidates = _candidates(model)
+        unknown = set()
+        if matmul_precision == "auto":
+            shapes = {tuple(module.weight.shape) for module in candidates} - _MEASURED_BF16.keys()
+            recorded = _recorded() if shapes else {}
+            unknown = {shape for shape in shapes if _machine_key(shape) + BF16_KEY not in recorded}
+        if unknown:
+            started = time.perf_counter()
+            _log.info("timing %d weight shape%s of %s in bfloat16 on this CPU (once per machine, kept in %s)",
+                      len(unknown), "" if len(unknown) == 1 else "s", type(model).__name__, measurements_file())
+        for module in candidates:
+            if bfloat16_at(module.weight, matmul_precision):
+                packed_weight_bfloat16(module.weight)
+        if unknown:
+            _log.info("timed in %.1f s", time.perf_counter() - started)
 
 
 def packed_weight(weight: torch.Tensor) -> torch.Tensor:
@@ -199,6 +236,16 @@ def packed_weight(weight: torch.Tensor) -> torch.Tensor:
         return known[1]
     packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
     _PACKED[weight] = (weight._version, packed)
+    return packed
+
+
+def packed_weight_bfloat16(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` in bfloat16, reordered for oneDNN's matmul; made once, again if the weight changed."""
+    known = _PACKED_BF16.get(weight)
+    if known is not None and known[0] == weight._version:
+        return known[1]
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(torch.bfloat16), None)
+    _PACKED_BF16[weight] = (weight._version, packed)
     return packed
 
 
@@ -213,14 +260,7 @@ def _switches(model: torch.nn.Module) -> list[_Switch]:
     """``model``'s linear layers that run packed at some width, with the forwards they run then."""
     linears = _LINEARS.get(model)
     if linears is None:
-        # Exactly nn.Linear with no forward of its own set by someone else (accelerate's offload hooks
-        # replace it): a subclass or a wrapped layer may compute something else.
-        encoder = model.get_encoder() if getattr(getattr(model, "config", None), "is_encoder_decoder", False) else None
-        skipped = {id(module) for module in encoder.modules()} if encoder is not None else set()
-        candidates = [module for module in model.modules()
-                      if type(module) is torch.nn.Linear and id(module) not in skipped and "forward" not in module.__dict__
-                      and module.weight.dtype == torch.float32 and module.weight.device.type == "cpu"
-                      and module.weight.numel() >= MIN_WEIGHT]
+        candidates = _candidates(model)
         unknown = {tuple(module.weight.shape) for module in candidates} - _MEASURED.keys()
         recorded = _recorded() if unknown else {}
         unknown = {shape for shape in unknown if _machine_key(shape) not in recorded}
@@ -251,6 +291,89 @@ def _switches(model: torch.nn.Module) -> list[_Switch]:
             linears = []
         _LINEARS[model] = linears
     return linears
+
+
+def _candidates(model: torch.nn.Module) -> list[torch.nn.Linear]:
+    """``model``'s layers that packing could serve, found once per model: exactly ``nn.Linear`` with
+    no forward of its own set by someone else (accelerate's offload hooks replace it; a subclass or a
+    wrapped layer may compute something else), float32 on the CPU, ``MIN_WEIGHT`` or larger, outside
+    an encoder-decoder model's encoder (which no step runs)."""
+    candidates = _CANDIDATES.get(model)
+    if candidates is None:
+        encoder = model.get_encoder() if getattr(getattr(model, "config", None), "is_encoder_decoder", False) else None
+        skipped = {id(module) for module in encoder.modules()} if encoder is not None else set()
+        candidates = [module for module in model.modules()
+                      if type(module) is torch.nn.Linear and id(module) not in skipped and "forward" not in module.__dict__
+                      and module.weight.dtype == torch.float32 and module.weight.device.type == "cpu"
+                      and module.weight.numel() >= MIN_WEIGHT]
+        _CANDIDATES[model] = candidates
+    return candidates
+
+
+def _bfloat16_plan(model: torch.nn.Module, matmul_precision: str, trial: int) -> list[tuple[torch.nn.Linear, functools.partial]]:
+    """The layers a drafter's step of ``trial`` rows switches under ``matmul_precision``, each with a
+    forward that reads bfloat16 weights at the widths ``bfloat16_at`` gives it and float32 packed ones
+    where packing wins at the others (a drafter's: one row included); built once per model and width."""
+    plans = _BF16_PLANS.get(model)
+    if plans is None:
+        plans = _BF16_PLANS[model] = {}
+    plan = plans.get((matmul_precision, trial))
+    if plan is None:
+        switches = {id(switch.module): switch for switch in _switches(model)}
+        plan = []
+        for module in _candidates(model):
+            switch = switches.get(id(module))
+            packed_at = frozenset() if switch is None else switch.packed_at | (ONE_ROW if switch.one_row else frozenset())
+            in_bfloat16 = bfloat16_at(module.weight, matmul_precision)
+            if trial in in_bfloat16 or trial in packed_at:
+                plan.append((module, functools.partial(_mixed_forward, module, in_bfloat16, packed_at,
+                                                       padded_widths(module.weight))))
+        plans[(matmul_precision, trial)] = plan
+    return plan
+
+
+def bfloat16_available() -> bool:
+    """Whether this torch runs oneDNN's matmul on bfloat16 weights here (x86 CPUs with AVX-512; fast
+    where the CPU has AVX-512 BF16 or AMX, which "auto" finds out by timing)."""
+    return available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+def bfloat16_at(weight: torch.Tensor, matmul_precision: str) -> frozenset[int]:
+    """The trial widths at which a drafter's call of ``weight``'s shape reads bfloat16 weights: every
+    one for "medium", none for "highest", and for "auto" those at which this machine runs it in at
+    most ``MARGIN`` of the faster float32 path's time (``bfloat16_wins``)."""
+    if matmul_precision == "medium":
+        return frozenset(TRIAL_ROWS)
+    if matmul_precision == "auto":
+        return bfloat16_wins(measured(weight), measured_bfloat16(weight))
+    return frozenset()
+
+
+def bfloat16_wins(times: dict[int, tuple[float, float]], bfloat16: dict[int, tuple[float]]) -> frozenset[int]:
+    """From float32's ``{rows: (torch's seconds, packed seconds)}`` and bfloat16's ``{rows:
+    (seconds,)}``: the trial widths at which bfloat16 takes at most ``MARGIN`` of float32's faster
+    path (packed padded where that is how packed runs)."""
+    widths = pad_widths(times)
+    return frozenset(rows for rows in TRIAL_ROWS
+                     if bfloat16[rows][0] <= MARGIN * min(times[rows][0], times[widths.get(rows, rows)][1]))
+
+
+def measured_bfloat16(weight: torch.Tensor) -> dict[int, tuple[float]]:
+    """``time_shape_bfloat16`` of ``weight``'s shape on this machine, timed once and kept as
+    ``measured`` keeps float32's."""
+    shape = tuple(weight.shape)
+    if shape not in _MEASURED_BF16:
+        key = _machine_key(shape) + BF16_KEY
+        recorded = _recorded()
+        if key in recorded:
+            _MEASURED_BF16[shape] = recorded[key]
+        else:
+            _MEASURED_BF16[shape] = time_shape_bfloat16(weight)
+            _record(key, _MEASURED_BF16[shape])
+    return _MEASURED_BF16[shape]
+
+
+BF16_KEY = "|bfloat16"  # the suffix of a bfloat16 timing's key in measurements_file(): one time per width
 
 
 def faster_at(weight: torch.Tensor) -> frozenset[int]:
@@ -318,10 +441,10 @@ def _cpu_name(cpuinfo: str) -> str:
     return f"{name} (family {family}, model {model})" if family and model else name
 
 
-def _recorded() -> dict[str, dict[int, tuple[float, float]]]:
-    """What ``measurements_file()`` holds; an entry that is not a time pair for each trial width (a
-    file edited by hand, damaged, or written for other trial widths) is left out, so that shape is
-    timed again."""
+def _recorded() -> dict[str, dict[int, tuple[float, ...]]]:
+    """What ``measurements_file()`` holds; an entry that is not a time pair for each trial width (one
+    time for a bfloat16 entry: a file edited by hand, damaged, or written for other trial widths) is
+    left out, so that shape is timed again."""
     try:
         data = json.loads(measurements_file().read_text())
     except (OSError, ValueError):
@@ -332,14 +455,14 @@ def _recorded() -> dict[str, dict[int, tuple[float, float]]]:
     for key, entry in data.items():
         if not isinstance(entry, dict) or sorted(entry) != sorted(str(rows) for rows in TRIAL_ROWS):
             continue
-        pairs = list(entry.values())
-        if all(isinstance(pair, list) and len(pair) == 2 and all(isinstance(t, (int, float)) and 0 < t < math.inf
+        pairs, size = list(entry.values()), 1 if key.endswith(BF16_KEY) else 2
+        if all(isinstance(pair, list) and len(pair) == size and all(isinstance(t, (int, float)) and 0 < t < math.inf
                                                                   for t in pair) for pair in pairs):
             recorded[key] = {int(rows): tuple(pair) for rows, pair in entry.items()}
     return recorded
 
 
-def _record(key: str, times: dict[int, tuple[float, float]]) -> None:
+def _record(key: str, times: dict[int, tuple[float, ...]]) -> None:
     """Add one shape's times to the file; where the cache cannot be written, the process keeps them alone."""
     path = measurements_file()
     try:
@@ -423,6 +546,27 @@ def time_shape(weight: torch.Tensor) -> dict[int, tuple[float, float]]:
     return times
 
 
+@torch.no_grad()
+def time_shape_bfloat16(weight: torch.Tensor) -> dict[int, tuple[float]]:
+    """``{rows: (seconds,)}`` of a drafter's call of ``weight``'s shape on a packed bfloat16 weight at
+    ``TRIAL_ROWS``, float32 rows in and out as ``_mixed_forward`` takes and returns them, timed cold
+    and in rounds as ``time_shape`` times float32."""
+    size = weight.numel() * 2
+    count = -(-COLD_BYTES // size)
+    packed = [torch.ops.mkldnn._reorder_linear_weight(torch.full(tuple(weight.shape), 0.01, dtype=torch.bfloat16), None)
+              for _ in range(count)]
+    generator = torch.Generator().manual_seed(0)
+    inputs = {rows: torch.randn(rows, weight.shape[1], generator=generator) for rows in TRIAL_ROWS}
+    turn = itertools.count()
+    times = {rows: math.inf for rows in TRIAL_ROWS}
+    for _ in range(TIMING_ROUNDS):
+        for rows, x in inputs.items():
+            seconds = _fastest(lambda: torch.ops.mkldnn._linear_pointwise(
+                x.to(torch.bfloat16), packed[next(turn) % count], None, "none", [], "").float())
+            times[rows] = min(times[rows], seconds)
+    return {rows: (seconds,) for rows, seconds in times.items()}
+
+
 def _fastest(call) -> float:
     """The fastest of a few calls: at least ``TIMING_REPEATS``, more for a quick call (up to 50, about
     ``TIMING_BUDGET`` seconds in all), whose time a single interruption distorts the most."""
@@ -469,4 +613,21 @@ def _packed_forward(module: torch.nn.Linear, packed_at: frozenset[int], widths: 
     out = torch.ops.mkldnn._linear_pointwise(flat, packed_weight(weight), bias, "none", [], "")
     if wide is not None:
         out = out[:rows]
+    return out.view(*x.shape[:-1], out.shape[-1])
+
+
+def _mixed_forward(module: torch.nn.Linear, in_bfloat16: frozenset[int], packed_at: frozenset[int],
+                   widths: dict[int, int], x: torch.Tensor) -> torch.Tensor:
+    # A drafter's layer under matmul_precision "medium" or "auto": its own rows decide (an LM head
+    # that keeps fewer positions than the block goes by its own), as in _packed_forward.
+    features = x.shape[-1]
+    rows = x.numel() // features
+    if (x.dtype != torch.float32 or x.dim() < 2 or rows == 0 or trial_width(rows) not in in_bfloat16
+            or torch.is_grad_enabled()):
+        return _packed_forward(module, packed_at, widths, x)
+    weight, bias = module._parameters["weight"], module._parameters["bias"]
+    out = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, features).to(torch.bfloat16), packed_weight_bfloat16(weight),
+                                             None, "none", [], "").float()
+    if bias is not None:
+        out += bias
     return out.view(*x.shape[:-1], out.shape[-1])

@@ -33,7 +33,7 @@ import torch
 from ..core.components import Drafter
 from ..core.deferred import no_grad
 from ..core.hookspecs import hookimpl
-from ..core.drafting import TokenByToken, alternatives_option
+from ..core.drafting import TokenByToken, alternatives_option, matmul_precision_option
 from ..core.types import Draft
 from ..errors import ConfigError, IncompatibleModelsError
 from .shared_encoder import lend_cross_attention, shared_cross_attention_layers
@@ -104,6 +104,8 @@ class HiddenStateDrafter(Drafter):
     ``head``: a ``HiddenStateHead`` or the path of one saved by ``specdec drafter train``.
     ``alternatives``: under greedy decoding, also hand the verify the head's next best candidates
     for the first position (``Draft.alternatives``), this many.
+    ``matmul_precision``: "highest", "medium" or "auto", as the ``model`` drafter's: the head's
+    linear layers (its readout included) on bfloat16 copies of their weights on a CPU.
     """
 
     name = "hidden-state"
@@ -111,6 +113,7 @@ class HiddenStateDrafter(Drafter):
 
     head: HiddenStateHead | str = attrs.field(validator=_head)
     alternatives: int = attrs.field(default=0, kw_only=True, validator=alternatives_option)
+    matmul_precision: str = attrs.field(default="highest", kw_only=True, validator=matmul_precision_option)
     _cached: CachedModel | None = attrs.field(default=None, init=False, repr=False)
     _embedding = attrs.field(default=None, init=False, repr=False)
     _hidden: torch.Tensor | None = attrs.field(default=None, init=False, repr=False)  # [R, T + 1, H]
@@ -156,7 +159,7 @@ class HiddenStateDrafter(Drafter):
         runner = CausalLMRunner(self.head)
         if state.encoder_outputs is not None:  # Whisper: the head's layer reads the target's encoder output
             runner.begin(encoder_outputs=state.encoder_outputs)
-        self._cached = CachedModel(runner)
+        self._cached = CachedModel(runner, matmul_precision=self.matmul_precision)
         self._cached.begin(state)
         # Token p is read with the hidden state at p - 1: the head's sequence starts at each row's
         # second real token.

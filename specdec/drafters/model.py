@@ -22,7 +22,7 @@ import attrs
 from ..core.components import Drafter
 from ..core.deferred import no_grad
 from ..core.hookspecs import hookimpl
-from ..core.drafting import TokenByToken, alternatives_option
+from ..core.drafting import TokenByToken, alternatives_option, matmul_precision_option
 from ..core.types import Draft
 from ..errors import ConfigError, DraftDtypeWarning, IncompatibleModelsError
 
@@ -52,6 +52,10 @@ class ModelDrafter(Drafter):
     model that carries a ``token_map`` buffer needs none (core/reduced_vocab.py).
     ``alternatives``: under greedy decoding, also hand the verify the draft's next best candidates
     for the first position (``Draft.alternatives``), this many.
+    ``matmul_precision``: "highest" (the draft's float32 as loaded), "medium" (its steps' linear
+    layers read bfloat16 copies of their weights on a CPU with oneDNN; norms, attention and softmax
+    stay float32), or "auto" (bfloat16 for the weight shapes this CPU runs faster so, timed once per
+    machine). The draft's numbers never reach the output, which stays the target's.
     """
 
     name = "model"
@@ -59,6 +63,7 @@ class ModelDrafter(Drafter):
     model: PreTrainedModel | str = attrs.field(validator=_model_or_path)
     token_map: Any = attrs.field(default=None, kw_only=True)
     alternatives: int = attrs.field(default=0, kw_only=True, validator=alternatives_option)
+    matmul_precision: str = attrs.field(default="highest", kw_only=True, validator=matmul_precision_option)
     _cached: CachedModel | None = attrs.field(default=None, init=False, repr=False)
     _reduced: TokenMap | None = attrs.field(default=None, init=False, repr=False)
     _drafts_fed: int = attrs.field(default=0, init=False, repr=False)
@@ -153,7 +158,7 @@ class ModelDrafter(Drafter):
 
         if self.model.device != target.device:
             self.model.to(target.device)
-        self._cached = CachedModel(self._start_runner(state))
+        self._cached = CachedModel(self._start_runner(state), matmul_precision=self.matmul_precision)
         self._cached.begin(state)
 
     @no_grad
