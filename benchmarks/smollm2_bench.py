@@ -117,10 +117,11 @@ def contenders(run: str, target, head, heuristic_max: int, only=(), other_head=N
             return out.sequences, observer.take()
         return go
 
-    def behind_lookup(which=head, then=2, n=2, alternatives=0, precision="highest"):
+    def behind_lookup(which=head, then=2, n=2, alternatives=0, precision="auto"):
         """Prompt lookup where the row's last n tokens recur, the head elsewhere (drafters/fallback.py);
         the head's first-position alternatives verified too (greedy) where ``alternatives``; its linear
-        layers on bfloat16 weights with ``precision`` "auto" or "medium" (its ``matmul_precision``)."""
+        layers in float32 with ``precision`` "highest" (its ``matmul_precision``; the default, "auto",
+        reads bfloat16 weights where this CPU runs them faster)."""
         return FallbackDrafter(NGramDrafter(max_ngram=3, min_ngram=n),
                                HiddenStateDrafter(which, alternatives=alternatives, matmul_precision=precision),
                                then_max_tokens=then)
@@ -172,12 +173,12 @@ def contenders(run: str, target, head, heuristic_max: int, only=(), other_head=N
                                                                                CostAwareLookahead(per_position=True))
         found[f"{behind} draft-confidence auto +{count} alternatives"] = spec(behind_lookup(alternatives=count),
                                                                              confidence_auto())
-        # The head on bfloat16 weights where this CPU runs them faster: "bf16" is the shipped config's
-        # matmul_precision = "auto" (models/smollm2-135m-instruct-head/plugins.toml) with 3 alternatives.
-        found[f"{behind} cost-aware +{count} alternatives bf16"] = spec(behind_lookup(alternatives=count, precision="auto"),
-                                                                        CostAwareLookahead())
-        found[f"{behind} draft-confidence auto +{count} alternatives bf16"] = spec(
-            behind_lookup(alternatives=count, precision="auto"), confidence_auto())
+        # The head's weights as loaded, float32, as every contender ran before stop 51 (the default
+        # matmul_precision "auto" reads bfloat16 copies where this CPU runs them faster).
+        found[f"{behind} cost-aware +{count} alternatives fp32"] = spec(
+            behind_lookup(alternatives=count, precision="highest"), CostAwareLookahead())
+        found[f"{behind} draft-confidence auto +{count} alternatives fp32"] = spec(
+            behind_lookup(alternatives=count, precision="highest"), confidence_auto())
         # Prompt lookup's long runs on summaries: the constant's k = 10 against cost-aware's max_k = 8.
         found[f"{behind} cost-aware max_k=10 +{count} alternatives"] = spec(behind_lookup(alternatives=count),
                                                                             CostAwareLookahead(max_k=10))

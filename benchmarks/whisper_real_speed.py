@@ -24,8 +24,9 @@ English, task transcribe, no timestamps, greedy):
 - ``specdec-unpacked``: ``specdec`` with ``packed_weights=False`` (torch's own linear path).
 - ``specdec-alt1``, ``-alt2``, ``-alt3``: ``specdec`` with the draft's 1, 2 or 3 next best candidates
   for the first position verified too (``alternatives``, a token tree of one level; docs/strategies.md).
-- ``specdec-bf16``, ``specdec-alt3-bf16``: ``specdec`` and ``specdec-alt3`` with the draft's linear
-  layers on bfloat16 weights where this CPU runs them faster (``matmul_precision = "auto"``).
+- ``specdec-fp32``, ``specdec-alt3-fp32``: ``specdec`` and ``specdec-alt3`` with the draft's linear
+  layers in float32 as loaded (``matmul_precision = "highest"``); every ``specdec`` contender else
+  runs the default, "auto" (bfloat16 weights where this CPU runs them faster; docs/strategies.md).
 - ``specdec-draft2``: ``specdec`` with the shared-encoder draft of ``--draft2`` instead.
 - ``specdec-head``, ``specdec-head-alt3``: ``WhisperSpeculativeDecoder`` with the ``hidden-state``
   drafter and the head of ``--head`` (EAGLE-style: decoder layers reading base's own decoder
@@ -166,7 +167,7 @@ def contenders(target, draft, policy: str, int8, assistant, hf_tokens: int | Non
         kwargs = {} if hf_tokens is None else {"num_assistant_tokens": hf_tokens, "num_assistant_tokens_schedule": "constant"}
         return target.generate(x, language="en", task="transcribe", assistant_model=assistant, **kwargs), None
 
-    def speculative(model, choice, packed=True, rule=None, alternatives=0, precision="highest"):
+    def speculative(model, choice, packed=True, rule=None, alternatives=0, precision="auto"):
         # One decoder for every call, as `specdec transcribe` keeps one over its files: a policy
         # that measures (cost-aware) keeps what it learnt.
         options = dict(alternatives=alternatives, matmul_precision=precision)
@@ -195,9 +196,9 @@ def contenders(target, draft, policy: str, int8, assistant, hf_tokens: int | Non
         out[named("specdec-stop34", choice)] = (None, speculative(draft, choice, rule="stop 34"))
         for count in (1, 2, 3):
             out[named(f"specdec-alt{count}", choice)] = (None, speculative(draft, choice, alternatives=count))
-        # The draft's linear layers on bfloat16 weights where this CPU runs them faster (matmul_precision "auto").
-        out[named("specdec-bf16", choice)] = (None, speculative(draft, choice, precision="auto"))
-        out[named("specdec-alt3-bf16", choice)] = (None, speculative(draft, choice, alternatives=3, precision="auto"))
+        # The draft's linear layers in float32 as loaded (matmul_precision "highest"), as before stop 51.
+        out[named("specdec-fp32", choice)] = (None, speculative(draft, choice, precision="highest"))
+        out[named("specdec-alt3-fp32", choice)] = (None, speculative(draft, choice, alternatives=3, precision="highest"))
     for choice in choices if other_draft is not None else ():
         out[named("specdec-draft2", choice)] = (None, speculative(other_draft, choice))
     for number, head in enumerate(heads, 1):
@@ -230,7 +231,7 @@ def measure(args) -> dict:
     wanted = set(args.contenders.split(","))
     # Only contenders that draft with it load the draft: base's peak memory (--memory) must not hold it.
     draft = load_shared_encoder_draft(args.draft, target) if wanted & {"specdec", "specdec-unpacked", "specdec-stop21", "specdec-widthon", "specdec-stop34", "specdec-alt1", "specdec-alt2", "specdec-alt3",
-                                                                   "specdec-bf16", "specdec-alt3-bf16",
+                                                                   "specdec-fp32", "specdec-alt3-fp32",
                                                                    "hf-assisted"} else None
     eot = target.generation_config.eos_token_id
     clock = EncoderClock(target)

@@ -133,8 +133,9 @@ class _CachedForward:
     block on a CPU, with its 2D mask and its grouped-query attention (``core/gqa_attention.py``)."""
 
     def __init__(self, model, batch_size: int, context: int, width: int, packed: bool = False, one_row: bool = False,
-                 verify: bool = False):
+                 verify: bool = False, precision: str = "highest"):
         self.model, self.width, self.packed, self.one_row = model, width, packed, one_row
+        self.precision = precision  # a drafter's matmul_precision (its steps' bfloat16 weights)
         ids = torch.randint(3, model.config.vocab_size, (batch_size, context + width), device=model.device)
         self.cache = DynamicCache()
         self.argument = cache_argument(model)
@@ -148,7 +149,7 @@ class _CachedForward:
     @torch.no_grad()
     def time(self, runs: int = 1) -> float:
         """Mean seconds per forward over ``runs`` forwards in a row, each one more cached (a draft's steps)."""
-        with (packed_steps(self.model, self.block.numel(), self.one_row) if self.packed else nullcontext(),
+        with (packed_steps(self.model, self.block.numel(), self.one_row, self.precision) if self.packed else nullcontext(),
               gqa_attention.gqa_steps(self.model) if self.grouped else nullcontext()):
             start = time.perf_counter()
             for _ in range(runs):
@@ -160,9 +161,9 @@ class _CachedForward:
 
 
 def step_costs(target, draft, batch_size: int, k: float, context: int = 128, repeats: int = 20, packed: bool = False,
-               draft_packed: bool = False) -> tuple[float, float]:
-    """(c, v) for the ideal and the ceiling at a mean lookahead ``k``: c a draft step over ``generate``'s
-    one-token target step (0 without a ``draft``), v a (k + 1)-token target forward over that step
+               draft_packed: bool = False, draft_precision: str = "highest") -> tuple[float, float]:
+    """(c, v) for the ideal and the ceiling at a mean lookahead ``k``: c a draft step (at the drafter's
+    ``matmul_precision``) over ``generate``'s one-token target step (0 without a ``draft``), v a (k + 1)-token target forward over that step
     (``verify_cost``), read as specdec's verify reads it (packed weights with ``packed``, its mask and
     grouped attention: without them the ceiling's verify ran slower than the loop's and the loop
     reached 101-108% of its ceiling).
@@ -178,7 +179,8 @@ def step_costs(target, draft, batch_size: int, k: float, context: int = 128, rep
     step = _CachedForward(target, batch_size, context, 1)
     blocks = {width: _CachedForward(target, batch_size, context, width, packed=packed, verify=True)
               for width in widths if width > 1}
-    drafting = _CachedForward(draft, batch_size, context, 1, draft_packed, draft_packed) if draft is not None else None
+    drafting = (_CachedForward(draft, batch_size, context, 1, draft_packed, draft_packed, precision=draft_precision)
+                if draft is not None else None)
     runs = max(1, round(k))
     steps, drafts, verifies = [], [], {width: [] for width in blocks}
     for _ in range(repeats):
@@ -414,7 +416,8 @@ def run_bench(
             k_mean = drafted / row_steps if row_steps else 0.0
             draft = decoder.drafter.model if drafter == "model" else None
             c, v = (step_costs(target, draft, batch_size, k_mean, packed=decoder.packed_weights and applies_to(target),
-                               draft_packed=draft is not None and decoder.packed_weights and applies_to(draft))
+                               draft_packed=draft is not None and decoder.packed_weights and applies_to(draft),
+                               draft_precision=getattr(decoder.drafter, "matmul_precision", "highest"))
                     if row_steps else (0.0, None))
             alpha = solve_alpha(tau, k_mean)
             ideal = tau / (k_mean * c + 1) if row_steps else None

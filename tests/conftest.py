@@ -24,11 +24,12 @@ REAL_RECORDED, REAL_RECORD = packed_linear._recorded, packed_linear._record
 
 
 def pin_packing(monkeypatch, start: int | None = 4, smallest: int = 3 << 18, one_row: bool = False,
-                bfloat16: bool = True) -> None:
+                bfloat16: bool = False) -> None:
     """Make packed_linear's timing say that packed weights are faster from ``start`` rows (None:
     never), and at one row (a drafter's step) with ``one_row``, for weights of ``smallest`` elements
-    or more, and never for smaller ones; and, with ``bfloat16``, that bfloat16 weights are faster
-    still at every width for those weights (a drafter's ``matmul_precision = "auto"``)."""
+    or more, and never for smaller ones; and that bfloat16 weights are slower (a drafter's default
+    ``matmul_precision = "auto"`` keeps float32), or with ``bfloat16`` faster still at every width for
+    those weights."""
 
     def timed(weight):  # torch's path cheap below start, so that padding to start rows does not pay either
         wins = start is not None and weight.numel() >= smallest

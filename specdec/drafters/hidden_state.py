@@ -104,8 +104,8 @@ class HiddenStateDrafter(Drafter):
     ``head``: a ``HiddenStateHead`` or the path of one saved by ``specdec drafter train``.
     ``alternatives``: under greedy decoding, also hand the verify the head's next best candidates
     for the first position (``Draft.alternatives``), this many.
-    ``matmul_precision``: "highest", "medium" or "auto", as the ``model`` drafter's: the head's
-    linear layers (its readout included) on bfloat16 copies of their weights on a CPU.
+    ``matmul_precision``: "auto" (the default), "medium" or "highest", as the ``model`` drafter's:
+    the head's linear layers (its readout included) on bfloat16 copies of their weights on a CPU.
     """
 
     name = "hidden-state"
@@ -113,7 +113,7 @@ class HiddenStateDrafter(Drafter):
 
     head: HiddenStateHead | str = attrs.field(validator=_head)
     alternatives: int = attrs.field(default=0, kw_only=True, validator=alternatives_option)
-    matmul_precision: str = attrs.field(default="highest", kw_only=True, validator=matmul_precision_option)
+    matmul_precision: str = attrs.field(default="auto", kw_only=True, validator=matmul_precision_option)
     _cached: CachedModel | None = attrs.field(default=None, init=False, repr=False)
     _embedding = attrs.field(default=None, init=False, repr=False)
     _hidden: torch.Tensor | None = attrs.field(default=None, init=False, repr=False)  # [R, T + 1, H]

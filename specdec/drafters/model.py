@@ -52,10 +52,11 @@ class ModelDrafter(Drafter):
     model that carries a ``token_map`` buffer needs none (core/reduced_vocab.py).
     ``alternatives``: under greedy decoding, also hand the verify the draft's next best candidates
     for the first position (``Draft.alternatives``), this many.
-    ``matmul_precision``: "highest" (the draft's float32 as loaded), "medium" (its steps' linear
-    layers read bfloat16 copies of their weights on a CPU with oneDNN; norms, attention and softmax
-    stay float32), or "auto" (bfloat16 for the weight shapes this CPU runs faster so, timed once per
-    machine). The draft's numbers never reach the output, which stays the target's.
+    ``matmul_precision``: "auto" (the default: on a CPU with oneDNN, the draft's steps' linear layers
+    read bfloat16 copies of their weights for the shapes this CPU runs faster so, timed once per
+    machine; norms, attention and softmax stay float32), "medium" (bfloat16 for every shape) or
+    "highest" (the draft's float32 as loaded). The draft's numbers never reach the output, which stays
+    the target's.
     """
 
     name = "model"
@@ -63,7 +64,7 @@ class ModelDrafter(Drafter):
     model: PreTrainedModel | str = attrs.field(validator=_model_or_path)
     token_map: Any = attrs.field(default=None, kw_only=True)
     alternatives: int = attrs.field(default=0, kw_only=True, validator=alternatives_option)
-    matmul_precision: str = attrs.field(default="highest", kw_only=True, validator=matmul_precision_option)
+    matmul_precision: str = attrs.field(default="auto", kw_only=True, validator=matmul_precision_option)
     _cached: CachedModel | None = attrs.field(default=None, init=False, repr=False)
     _reduced: TokenMap | None = attrs.field(default=None, init=False, repr=False)
     _drafts_fed: int = attrs.field(default=0, init=False, repr=False)
