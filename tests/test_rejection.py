@@ -258,6 +258,25 @@ class TestSampledDistribution:
         samples, _ = sample_continuations(speculative(target, ModelDrafter(draft)), ONE_PROMPT, 1500, used)
         assert chi_square(samples, [exact_continuations(target, ONE_PROMPT[0], NEW_TOKENS, missing)]) < FAIL_P
 
+    def test_a_draft_on_bfloat16_weights_matches_target(self, target, draft, monkeypatch):
+        """The pair in float32 on a CPU, every draft layer reading bfloat16 weights (``matmul_precision``
+        "medium"): q is what the draft sampled from, so the continuations stay the target's."""
+        from specdec.core import packed_linear
+
+        from .conftest import pin_packing
+
+        if not packed_linear.bfloat16_available():
+            pytest.skip("no oneDNN bfloat16 matmul here")
+        pin_packing(monkeypatch, start=2, smallest=1, one_row=True)  # every layer of these tiny models
+        target32, draft32 = copy.deepcopy(target).float(), copy.deepcopy(draft).float()
+        sampling = SETTINGS["temperature 0.8, top-k 5, top-p 0.9"]
+        decoder = speculative(target32, ModelDrafter(draft32, matmul_precision="medium"))
+        samples, stats = sample_continuations(decoder, MIXED_BATCH, 700, sampling)
+        assert 0.2 < stats.acceptance_rate < 0.9
+        assert draft32.lm_head.weight in packed_linear._PACKED_BF16  # the draft did read bfloat16
+        expected = [exact_continuations(target32, prompt, NEW_TOKENS, sampling) for prompt in MIXED_BATCH]
+        assert chi_square(samples, expected) > PASS_P
+
     def test_ngram_drafts_match_target(self, target):
         """One-hot q: prompt-lookup drafts under sampling keep the target's distribution."""
         prompts = [[1, 2, 3, 1, 2], [4, 5, 4, 5, 4], [3, 3, 3]]
