@@ -528,6 +528,7 @@ def test_a_draft_on_bfloat16_weights_stays_exact_and_the_target_never_reads_them
                                       ("auto", False, False)):
         pin_packing(monkeypatch, start=4, smallest=1 << 20, one_row=True, bfloat16=faster)  # both LM heads
         monkeypatch.setattr(packed_linear, "_PACKED_BF16", packed_linear.WeakIdKeyDictionary())
+        monkeypatch.setattr(packed_linear, "_PACKED", packed_linear.WeakIdKeyDictionary())
         decoder = SpeculativeDecoder(target=target, drafter=ModelDrafter(draft, matmul_precision=precision),
                                      policy=ConstantLookahead(k=3))
         for rows in (slice(0, 1), slice(0, 2)):
@@ -537,6 +538,9 @@ def test_a_draft_on_bfloat16_weights_stays_exact_and_the_target_never_reads_them
             assert torch.equal(out.sequences, reference[:, : out.sequences.shape[1]]), precision
         assert out.stats.accepted > 0
         assert (draft.lm_head.weight in packed_linear._PACKED_BF16) is copied, (precision, faster)
+        # one copy, not two: bfloat16 at every width leaves no float32 packed copy of the draft's head
+        assert (draft.lm_head.weight in packed_linear._PACKED) is not copied, (precision, faster)
+        assert target.lm_head.weight in packed_linear._PACKED
         assert not any(parameter in packed_linear._PACKED_BF16 for parameter in target.parameters())
 
 

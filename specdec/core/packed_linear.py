@@ -209,24 +209,31 @@ def pack(model: torch.nn.Module, matmul_precision: str = "highest") -> None:
     bfloat16 too where ``matmul_precision`` reads it. specdec calls it as a request begins: packing
     takes time (0.85 s for SmolLM2-135M), which would otherwise land in the first multi-token step,
     where the cost-aware policies would take it for what a verify costs."""
+    if matmul_precision == "highest" or not bfloat16_available():
+        for switch in _switches(model):
+            packed_weight(switch.module.weight)
+        return
+    candidates = _candidates(model)
+    unknown = set()
+    if matmul_precision == "auto":
+        shapes = {tuple(module.weight.shape) for module in candidates} - _MEASURED_BF16.keys()
+        recorded = _recorded() if shapes else {}
+        unknown = {shape for shape in shapes if _machine_key(shape) + BF16_KEY not in recorded}
+    if unknown:
+        started = time.perf_counter()
+        _log.info("timing %d weight shape%s of %s in bfloat16 on this CPU (once per machine, kept in %s)",
+                  len(unknown), "" if len(unknown) == 1 else "s", type(model).__name__, measurements_file())
+    in_bfloat16 = {id(module): bfloat16_at(module.weight, matmul_precision) for module in candidates}
+    if unknown:
+        _log.info("timed in %.1f s", time.perf_counter() - started)
+    for module in candidates:
+        if in_bfloat16[id(module)]:
+            packed_weight_bfloat16(module.weight)
+    # A float32 packed copy only where some width of a drafter's calls still reads one: a layer that
+    # reads bfloat16 at every width it packs at keeps no second copy in memory.
     for switch in _switches(model):
-        packed_weight(switch.module.weight)
-    if matmul_precision != "highest" and bfloat16_available():
-        candidates = _candidates(model)
-        unknown = set()
-        if matmul_precision == "auto":
-            shapes = {tuple(module.weight.shape) for module in candidates} - _MEASURED_BF16.keys()
-            recorded = _recorded() if shapes else {}
-            unknown = {shape for shape in shapes if _machine_key(shape) + BF16_KEY not in recorded}
-        if unknown:
-            started = time.perf_counter()
-            _log.info("timing %d weight shape%s of %s in bfloat16 on this CPU (once per machine, kept in %s)",
-                      len(unknown), "" if len(unknown) == 1 else "s", type(model).__name__, measurements_file())
-        for module in candidates:
-            if bfloat16_at(module.weight, matmul_precision):
-                packed_weight_bfloat16(module.weight)
-        if unknown:
-            _log.info("timed in %.1f s", time.perf_counter() - started)
+        if (switch.packed_at | (ONE_ROW if switch.one_row else frozenset())) - in_bfloat16[id(switch.module)]:
+            packed_weight(switch.module.weight)
 
 
 def packed_weight(weight: torch.Tensor) -> torch.Tensor:
