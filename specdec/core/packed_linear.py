@@ -213,7 +213,7 @@ def pack(model: torch.nn.Module, matmul_precision: str = "highest") -> None:
         for switch in _switches(model):
             packed_weight(switch.module.weight)
         return
-    candidates = _candidates(model)
+    switches, candidates = _switches(model), _candidates(model)  # float32's timing first, with its own message
     unknown = set()
     if matmul_precision == "auto":
         shapes = {tuple(module.weight.shape) for module in candidates} - _MEASURED_BF16.keys()
@@ -222,7 +222,7 @@ def pack(model: torch.nn.Module, matmul_precision: str = "highest") -> None:
     if unknown:
         started = time.perf_counter()
         _log.info("timing %d weight shape%s of %s in bfloat16 on this CPU (once per machine, kept in %s)",
-                  len(unknown), "" if len(unknown) == 1 else "s", type(model).__name__, measurements_file())
+                  len(unknown), "" if len(unknown) == 1 else "s", _named(model), measurements_file())
     in_bfloat16 = {id(module): bfloat16_at(module.weight, matmul_precision) for module in candidates}
     if unknown:
         _log.info("timed in %.1f s", time.perf_counter() - started)
@@ -231,7 +231,7 @@ def pack(model: torch.nn.Module, matmul_precision: str = "highest") -> None:
             packed_weight_bfloat16(module.weight)
     # A float32 packed copy only where some width of a drafter's calls still reads one: a layer that
     # reads bfloat16 at every width it packs at keeps no second copy in memory.
-    for switch in _switches(model):
+    for switch in switches:
         if (switch.packed_at | (ONE_ROW if switch.one_row else frozenset())) - in_bfloat16[id(switch.module)]:
             packed_weight(switch.module.weight)
 
@@ -273,11 +273,8 @@ def _switches(model: torch.nn.Module) -> list[_Switch]:
         unknown = {shape for shape in unknown if _machine_key(shape) not in recorded}
         started = time.perf_counter()
         if unknown:
-            # A target and its draft are often the same class: the folder tells them apart.
-            folder = getattr(getattr(model, "config", None), "name_or_path", "") or ""
-            which = type(model).__name__ + (f" ({'/'.join(Path(folder).parts[-2:])})" if folder else "")
             _log.info("timing %d weight shape%s of %s on this CPU for packed weights (once per machine, kept in %s)",
-                      len(unknown), "" if len(unknown) == 1 else "s", which, measurements_file())
+                      len(unknown), "" if len(unknown) == 1 else "s", _named(model), measurements_file())
         linears = []
         for module in candidates:
             packed_at, widths = faster_at(module.weight), padded_widths(module.weight)
@@ -298,6 +295,12 @@ def _switches(model: torch.nn.Module) -> list[_Switch]:
             linears = []
         _LINEARS[model] = linears
     return linears
+
+
+def _named(model: torch.nn.Module) -> str:
+    """``model``'s class and, a target and its draft being often the same class, its folder."""
+    folder = getattr(getattr(model, "config", None), "name_or_path", "") or ""
+    return type(model).__name__ + (f" ({'/'.join(Path(folder).parts[-2:])})" if folder else "")
 
 
 def _candidates(model: torch.nn.Module) -> list[torch.nn.Linear]:
