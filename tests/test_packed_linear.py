@@ -591,6 +591,26 @@ def test_a_bfloat16_timing_is_kept_beside_the_float32_ones(monkeypatch, tmp_path
 
 
 @needs_bfloat16
+def test_a_first_bfloat16_timing_is_said_once_naming_the_model(monkeypatch, caplog):
+    """As float32's: the first request that times a model's shapes in bfloat16 says so (how many, which
+    model, where they are kept) and how long it took; the next one, its shapes known, says nothing."""
+    import logging
+
+    pin_packing(monkeypatch, start=2, smallest=1 << 16, one_row=True, bfloat16=True)
+    model = torch.nn.Sequential(linear(), linear(512, 2048), linear())  # two shapes
+    with caplog.at_level(logging.INFO, logger="specdec.core.packed_linear"):
+        packed_linear.pack(model, "auto")
+    said = [record.getMessage() for record in caplog.records if "bfloat16" in record.getMessage()]
+    assert len(said) == 1 and said[0].startswith("timing 2 weight shapes of Sequential in bfloat16")
+    assert str(packed_linear.measurements_file()) in said[0]
+    assert any(record.getMessage().startswith("timed in") for record in caplog.records)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="specdec.core.packed_linear"):
+        packed_linear.pack(torch.nn.Sequential(linear()), "auto")  # a shape already timed
+    assert not caplog.records
+
+
+@needs_bfloat16
 def test_the_bfloat16_timing_times_every_width():
     times = REAL_TIME_SHAPE_BFLOAT16(torch.zeros(256, 512))
     assert sorted(times) == list(packed_linear.TRIAL_ROWS) and all(len(t) == 1 and t[0] > 0 for t in times.values())

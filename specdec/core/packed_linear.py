@@ -214,11 +214,7 @@ def pack(model: torch.nn.Module, matmul_precision: str = "highest") -> None:
             packed_weight(switch.module.weight)
         return
     switches, candidates = _switches(model), _candidates(model)  # float32's timing first, with its own message
-    unknown = set()
-    if matmul_precision == "auto":
-        shapes = {tuple(module.weight.shape) for module in candidates} - _MEASURED_BF16.keys()
-        recorded = _recorded() if shapes else {}
-        unknown = {shape for shape in shapes if _machine_key(shape) + BF16_KEY not in recorded}
+    unknown = _untimed(candidates, _MEASURED_BF16, BF16_KEY) if matmul_precision == "auto" else set()
     if unknown:
         started = time.perf_counter()
         _log.info("timing %d weight shape%s of %s in bfloat16 on this CPU (once per machine, kept in %s)",
@@ -232,7 +228,7 @@ def pack(model: torch.nn.Module, matmul_precision: str = "highest") -> None:
     # A float32 packed copy only where some width of a drafter's calls still reads one: a layer that
     # reads bfloat16 at every width it packs at keeps no second copy in memory.
     for switch in switches:
-        if (switch.packed_at | (ONE_ROW if switch.one_row else frozenset())) - in_bfloat16[id(switch.module)]:
+        if _drafter_widths(switch) - in_bfloat16[id(switch.module)]:
             packed_weight(switch.module.weight)
 
 
@@ -268,9 +264,7 @@ def _switches(model: torch.nn.Module) -> list[_Switch]:
     linears = _LINEARS.get(model)
     if linears is None:
         candidates = _candidates(model)
-        unknown = {tuple(module.weight.shape) for module in candidates} - _MEASURED.keys()
-        recorded = _recorded() if unknown else {}
-        unknown = {shape for shape in unknown if _machine_key(shape) not in recorded}
+        unknown = _untimed(candidates, _MEASURED, "")
         started = time.perf_counter()
         if unknown:
             _log.info("timing %d weight shape%s of %s on this CPU for packed weights (once per machine, kept in %s)",
@@ -295,6 +289,14 @@ def _switches(model: torch.nn.Module) -> list[_Switch]:
             linears = []
         _LINEARS[model] = linears
     return linears
+
+
+def _untimed(candidates: list[torch.nn.Linear], known: dict, suffix: str) -> set[tuple[int, ...]]:
+    """The weight shapes of ``candidates`` neither in ``known`` nor recorded for this machine (their
+    key plus ``suffix``): the ones ``_kept`` will time."""
+    shapes = {tuple(module.weight.shape) for module in candidates} - known.keys()
+    recorded = _recorded() if shapes else {}
+    return {shape for shape in shapes if _machine_key(shape) + suffix not in recorded}
 
 
 def _named(model: torch.nn.Module) -> str:
@@ -333,7 +335,7 @@ def _bfloat16_plan(model: torch.nn.Module, matmul_precision: str, trial: int) ->
         plan = []
         for module in _candidates(model):
             switch = switches.get(id(module))
-            packed_at = frozenset() if switch is None else switch.packed_at | (ONE_ROW if switch.one_row else frozenset())
+            packed_at = frozenset() if switch is None else _drafter_widths(switch)
             in_bfloat16 = bfloat16_at(module.weight, matmul_precision)
             if trial in in_bfloat16 or trial in packed_at:
                 plan.append((module, functools.partial(_mixed_forward, module, in_bfloat16, packed_at,
@@ -342,9 +344,17 @@ def _bfloat16_plan(model: torch.nn.Module, matmul_precision: str, trial: int) ->
     return plan
 
 
+def _drafter_widths(switch: _Switch) -> frozenset[int]:
+    """The trial widths at which a drafter's calls of ``switch``'s layer run packed in float32: its
+    multi-row ones, and one row where that is faster packed."""
+    return switch.packed_at | (ONE_ROW if switch.one_row else frozenset())
+
+
+@functools.cache
 def bfloat16_available() -> bool:
     """Whether this torch runs oneDNN's matmul on bfloat16 weights here (x86 CPUs with AVX-512; fast
-    where the CPU has AVX-512 BF16 or AMX, which "auto" finds out by timing)."""
+    where the CPU has AVX-512 BF16 or AMX, which "auto" finds out by timing). Asked at every drafter
+    step: the build and the CPU do not change in a process."""
     return available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
@@ -371,16 +381,7 @@ def bfloat16_wins(times: dict[int, tuple[float, float]], bfloat16: dict[int, tup
 def measured_bfloat16(weight: torch.Tensor) -> dict[int, tuple[float]]:
     """``time_shape_bfloat16`` of ``weight``'s shape on this machine, timed once and kept as
     ``measured`` keeps float32's."""
-    shape = tuple(weight.shape)
-    if shape not in _MEASURED_BF16:
-        key = _machine_key(shape) + BF16_KEY
-        recorded = _recorded()
-        if key in recorded:
-            _MEASURED_BF16[shape] = recorded[key]
-        else:
-            _MEASURED_BF16[shape] = time_shape_bfloat16(weight)
-            _record(key, _MEASURED_BF16[shape])
-    return _MEASURED_BF16[shape]
+    return _kept(_MEASURED_BF16, BF16_KEY, weight, lambda: time_shape_bfloat16(weight))
 
 
 BF16_KEY = "|bfloat16"  # the suffix of a bfloat16 timing's key in measurements_file(): one time per width
@@ -402,16 +403,22 @@ def measured(weight: torch.Tensor) -> dict[int, tuple[float, float]]:
     """``time_shape`` of ``weight``'s shape on this machine, timed the first time the shape is asked
     for and kept for the process, and in ``measurements_file()`` for the next ones on this machine
     (the bundled target's five shapes take 1.0 s to time on the Zen 3 EPYC)."""
+    return _kept(_MEASURED, "", weight, lambda: time_shape(weight))
+
+
+def _kept(known: dict, suffix: str, weight: torch.Tensor, timed) -> dict:
+    """``known[shape]`` of ``weight``'s shape: from ``measurements_file()`` (its key plus ``suffix``)
+    where this machine recorded it, else ``timed()`` and recorded there."""
     shape = tuple(weight.shape)
-    if shape not in _MEASURED:
-        key = _machine_key(shape)
+    if shape not in known:
+        key = _machine_key(shape) + suffix
         recorded = _recorded()
         if key in recorded:
-            _MEASURED[shape] = recorded[key]
+            known[shape] = recorded[key]
         else:
-            _MEASURED[shape] = time_shape(weight)
-            _record(key, _MEASURED[shape])
-    return _MEASURED[shape]
+            known[shape] = timed()
+            _record(key, known[shape])
+    return known[shape]
 
 
 def measurements_file() -> Path:
@@ -543,17 +550,23 @@ def time_shape(weight: torch.Tensor) -> dict[int, tuple[float, float]]:
     plain = [weight.detach()] if count == 1 else [torch.full(tuple(weight.shape), 0.01, dtype=weight.dtype)
                                                             for _ in range(count)]
     packed = [torch.ops.mkldnn._reorder_linear_weight(w, None) for w in plain]
+    return _in_rounds(weight, count, [lambda x, copy: F.linear(x, plain[copy]),
+                                      lambda x, copy: torch.ops.mkldnn._linear_pointwise(x, packed[copy], None, "none", [], "")])
+
+
+def _in_rounds(weight: torch.Tensor, count: int, paths) -> dict[int, tuple[float, ...]]:
+    """``{rows: (seconds of each path,)}``: each ``path(x, copy)`` at every trial width, the paths in
+    turn within a width, over ``TIMING_ROUNDS`` rounds, each its fastest (``_fastest``); every call
+    takes the next of ``count`` copies of the weight, so that none is read from a cache."""
     generator = torch.Generator().manual_seed(0)
     inputs = {rows: torch.randn(rows, weight.shape[1], generator=generator, dtype=weight.dtype) for rows in TRIAL_ROWS}
     turn = itertools.count()
-    times = {rows: (math.inf, math.inf) for rows in TRIAL_ROWS}
+    times = {rows: [math.inf] * len(paths) for rows in TRIAL_ROWS}
     for _ in range(TIMING_ROUNDS):
         for rows, x in inputs.items():
-            plain_time = _fastest(lambda: F.linear(x, plain[next(turn) % count]))
-            packed_time = _fastest(lambda: torch.ops.mkldnn._linear_pointwise(x, packed[next(turn) % count], None,
-                                                                               "none", [], ""))
-            times[rows] = (min(times[rows][0], plain_time), min(times[rows][1], packed_time))
-    return times
+            for which, path in enumerate(paths):
+                times[rows][which] = min(times[rows][which], _fastest(lambda: path(x, next(turn) % count)))
+    return {rows: tuple(seconds) for rows, seconds in times.items()}
 
 
 @torch.no_grad()
@@ -561,20 +574,11 @@ def time_shape_bfloat16(weight: torch.Tensor) -> dict[int, tuple[float]]:
     """``{rows: (seconds,)}`` of a drafter's call of ``weight``'s shape on a packed bfloat16 weight at
     ``TRIAL_ROWS``, float32 rows in and out as ``_mixed_forward`` takes and returns them, timed cold
     and in rounds as ``time_shape`` times float32."""
-    size = weight.numel() * 2
-    count = -(-COLD_BYTES // size)
+    count = -(-COLD_BYTES // (weight.numel() * 2))
     packed = [torch.ops.mkldnn._reorder_linear_weight(torch.full(tuple(weight.shape), 0.01, dtype=torch.bfloat16), None)
               for _ in range(count)]
-    generator = torch.Generator().manual_seed(0)
-    inputs = {rows: torch.randn(rows, weight.shape[1], generator=generator) for rows in TRIAL_ROWS}
-    turn = itertools.count()
-    times = {rows: math.inf for rows in TRIAL_ROWS}
-    for _ in range(TIMING_ROUNDS):
-        for rows, x in inputs.items():
-            seconds = _fastest(lambda: torch.ops.mkldnn._linear_pointwise(
-                x.to(torch.bfloat16), packed[next(turn) % count], None, "none", [], "").float())
-            times[rows] = min(times[rows], seconds)
-    return {rows: (seconds,) for rows, seconds in times.items()}
+    return _in_rounds(weight, count, [lambda x, copy: torch.ops.mkldnn._linear_pointwise(
+        x.to(torch.bfloat16), packed[copy], None, "none", [], "").float()])
 
 
 def _fastest(call) -> float:
