@@ -26,6 +26,7 @@ from .test_pair import PAIR, needs_pair
 from .tiny_whisper import NO_TIMESTAMPS, SOT, TRANSCRIBE, decoder_of, features, tiny_whisper
 
 pytestmark = pytest.mark.skipif(not packed_linear.available(), reason="this torch has no oneDNN")
+needs_bfloat16 = pytest.mark.skipif(not packed_linear.bfloat16_available(), reason="no oneDNN bfloat16 matmul here")
 
 
 def linear(out_features=2048, in_features=512, bias=True, dtype=torch.float32) -> torch.nn.Linear:
@@ -460,6 +461,27 @@ def test_whisper_decoder_steps_pack_and_stay_exact(monkeypatch):
     assert counter.packed(target.model.decoder.layers[0].encoder_attn.k_proj.weight) == 0
 
 
+@needs_bfloat16
+@torch.no_grad()
+def test_a_whisper_draft_on_bfloat16_weights_stays_exact(monkeypatch):
+    """The shared-encoder draft of a float32 Whisper with every layer reading bfloat16 weights
+    ("medium"): the transcript is generate's, the draft drafted and was accepted, its decoder layers
+    were copied to bfloat16, and none of the target's weights were."""
+    pin_packing(monkeypatch, smallest=0, one_row=True)
+    target = tiny_whisper(seed=0).float()
+    draft = decoder_of(target)
+    x = features(4, seed=11).float()
+    prompt = torch.tensor([[SOT, 258, TRANSCRIBE, NO_TIMESTAMPS]] * 4)
+    reference = GenerationMixin.generate(target, x, decoder_input_ids=prompt, max_new_tokens=16)
+    decoder = SpeculativeDecoder(target=target, drafter=SharedEncoderDrafter(model=draft, matmul_precision="medium"),
+                                 policy=ConstantLookahead(k=3))
+    out = decoder.generate(prompt, input_features=x, max_new_tokens=16)
+    assert torch.equal(out.sequences, reference)
+    assert out.stats.drafted > 0 and out.stats.accepted > 0
+    assert draft.model.decoder.layers[0].fc1.weight in packed_linear._PACKED_BF16
+    assert not any(parameter in packed_linear._PACKED_BF16 for parameter in target.parameters())
+
+
 def test_packed_weights_is_checked(tmp_path):
     with pytest.raises(ConfigError, match="packed_weights must be True or False, got 'yes'"):
         SpeculativeDecoder(target=tiny_whisper(seed=0), drafter=SharedEncoderDrafter(model=decoder_of(tiny_whisper(seed=0))),
@@ -474,7 +496,6 @@ def test_packed_weights_is_checked(tmp_path):
 
 # --- a drafter's bfloat16 weights (matmul_precision) ---------------------------------------------
 
-needs_bfloat16 = pytest.mark.skipif(not packed_linear.bfloat16_available(), reason="no oneDNN bfloat16 matmul here")
 
 
 def test_bfloat16_wins_where_it_takes_at_most_the_margin_of_float32s_faster_path():
