@@ -1,12 +1,15 @@
 """The bundled pair's draft model in float32 against bfloat16 weights (the drafters'
 ``matmul_precision``: "highest" against the default "auto"), constant k = 5 and ``cost-aware``,
-greedy, against the target's own ``generate``.
+greedy, against the target's own ``generate``; with a contender's name ending in ``unscreened``, the
+target's LM head read in float32 at every verify (``screened_head=False``; by default greedy verifies
+screen it in bfloat16 where this CPU runs that faster, core/screened_head.py).
 
 One process; every contender runs every batch of the held-out prompts in turn, the order rotated
 per batch and repeat; speedups are per repeat (sums of seconds) and shown as the median with the
 spread; rows are compared with ``generate``'s.
 
     OMP_NUM_THREADS=1 python benchmarks/draft_precision.py --batch-sizes 1,4,16 --repeats 3
+    OMP_NUM_THREADS=1 python benchmarks/draft_precision.py --contenders "k=5 auto,k=5 auto unscreened"
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--contenders", type=lambda text: [n.strip() for n in text.split(",")],
+                        default=[f"{policy} {precision}" for policy in ("k=5", "cost-aware") for precision in ("highest", "auto")],
+                        help='"<k=5|cost-aware> <highest|auto>[ unscreened]", comma-separated')
     args = parser.parse_args()
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -46,9 +52,10 @@ def main() -> None:
     target, draft = (AutoModelForCausalLM.from_pretrained(pair / name, dtype=torch.float32).eval()
                      for name in ("target", "draft"))
     prompts = [json.loads(line)["prompt"] for line in (pair / "prompts.jsonl").read_text().splitlines()][: args.prompts]
-    names = ["target"] + [f"{policy} {precision}" for policy in ("k=5", "cost-aware") for precision in ("highest", "auto")]
+    names = ["target"] + args.contenders
     decoders = {name: SpeculativeDecoder(target=target, drafter=ModelDrafter(draft, matmul_precision=name.split()[1]),
-                                         policy=ConstantLookahead(k=5) if name.startswith("k=5") else CostAwareLookahead())
+                                         policy=ConstantLookahead(k=5) if name.startswith("k=5") else CostAwareLookahead(),
+                                         screened_head=not name.endswith(" unscreened"))
                 for name in names[1:]}
     generation = dict(max_new_tokens=args.max_new_tokens, do_sample=False)
 

@@ -100,9 +100,9 @@ def contenders(run: str, target, head, heuristic_max: int, only=(), other_head=N
                 return target.generate(**inputs, **kwargs, **extra), None
         return go
 
-    def spec(drafter, policy, packed=True, sorted_top_p=False, rule=None):
+    def spec(drafter, policy, packed=True, sorted_top_p=False, rule=None, screened=True):
         decoder = SpeculativeDecoder(target=target, drafter=drafter, policy=policy, verifier=verifier,
-                                     observers=[observer], packed_weights=packed)
+                                     observers=[observer], packed_weights=packed, screened_head=screened)
 
         def go(inputs, kwargs):
             # sorted_top_p: top-p through transformers' warper (a sort of the vocabulary per position),
@@ -179,6 +179,10 @@ def contenders(run: str, target, head, heuristic_max: int, only=(), other_head=N
             behind_lookup(alternatives=count, precision="highest"), CostAwareLookahead())
         found[f"{behind} draft-confidence auto +{count} alternatives fp32"] = spec(
             behind_lookup(alternatives=count, precision="highest"), confidence_auto())
+        # The target's LM head read in float32 at every verify, as before stop 52 (greedy verifies
+        # now screen it in bfloat16 where this CPU runs that faster; core/screened_head.py).
+        found[f"{behind} cost-aware +{count} alternatives unscreened"] = spec(behind_lookup(alternatives=count),
+                                                                             CostAwareLookahead(), screened=False)
         # Prompt lookup's long runs on summaries: the constant's k = 10 against cost-aware's max_k = 8.
         found[f"{behind} cost-aware max_k=10 +{count} alternatives"] = spec(behind_lookup(alternatives=count),
                                                                             CostAwareLookahead(max_k=10))

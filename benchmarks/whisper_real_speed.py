@@ -27,6 +27,9 @@ English, task transcribe, no timestamps, greedy):
 - ``specdec-fp32``, ``specdec-alt3-fp32``: ``specdec`` and ``specdec-alt3`` with the draft's linear
   layers in float32 as loaded (``matmul_precision = "highest"``); every ``specdec`` contender else
   runs the default, "auto" (bfloat16 weights where this CPU runs them faster; docs/strategies.md).
+- ``specdec-unscreened``: ``specdec`` with base's ``proj_out`` read in float32 at every verify
+  (``screened_head=False``); the default screens it in bfloat16 where this CPU runs that faster and
+  recomputes in float32 the logits that could be the argmax (``core/screened_head.py``).
 - ``specdec-draft2``: ``specdec`` with the shared-encoder draft of ``--draft2`` instead.
 - ``specdec-head``, ``specdec-head-alt3``: ``WhisperSpeculativeDecoder`` with the ``hidden-state``
   drafter and the head of ``--head`` (EAGLE-style: decoder layers reading base's own decoder
@@ -167,13 +170,14 @@ def contenders(target, draft, policy: str, int8, assistant, hf_tokens: int | Non
         kwargs = {} if hf_tokens is None else {"num_assistant_tokens": hf_tokens, "num_assistant_tokens_schedule": "constant"}
         return target.generate(x, language="en", task="transcribe", assistant_model=assistant, **kwargs), None
 
-    def speculative(model, choice, packed=True, rule=None, alternatives=0, precision="auto"):
+    def speculative(model, choice, packed=True, rule=None, alternatives=0, precision="auto", screened=True):
         # One decoder for every call, as `specdec transcribe` keeps one over its files: a policy
         # that measures (cost-aware) keeps what it learnt.
         options = dict(alternatives=alternatives, matmul_precision=precision)
         drafter = (HiddenStateDrafter(head=str(model), **options) if isinstance(model, Path)
                    else SharedEncoderDrafter(model=model, **options))
-        decoder = SpeculativeDecoder(target=target, drafter=drafter, policy=make_policy(choice), packed_weights=packed)
+        decoder = SpeculativeDecoder(target=target, drafter=drafter, policy=make_policy(choice), packed_weights=packed,
+                                     screened_head=screened)
         whisper = WhisperSpeculativeDecoder(decoder)
 
         def run(x):
@@ -198,6 +202,9 @@ def contenders(target, draft, policy: str, int8, assistant, hf_tokens: int | Non
             out[named(f"specdec-alt{count}", choice)] = (None, speculative(draft, choice, alternatives=count))
         # The draft's linear layers in float32 as loaded (matmul_precision "highest"), as before stop 51.
         out[named("specdec-fp32", choice)] = (None, speculative(draft, choice, precision="highest"))
+        # base's proj_out read in float32 at every verify, as before stop 52 (greedy verifies now
+        # screen it in bfloat16 where this CPU runs that faster; core/screened_head.py).
+        out[named("specdec-unscreened", choice)] = (None, speculative(draft, choice, screened=False))
         out[named("specdec-alt3-fp32", choice)] = (None, speculative(draft, choice, alternatives=3, precision="highest"))
     for choice in choices if other_draft is not None else ():
         out[named("specdec-draft2", choice)] = (None, speculative(other_draft, choice))
@@ -231,7 +238,7 @@ def measure(args) -> dict:
     wanted = set(args.contenders.split(","))
     # Only contenders that draft with it load the draft: base's peak memory (--memory) must not hold it.
     draft = load_shared_encoder_draft(args.draft, target) if wanted & {"specdec", "specdec-unpacked", "specdec-stop21", "specdec-widthon", "specdec-stop34", "specdec-alt1", "specdec-alt2", "specdec-alt3",
-                                                                   "specdec-fp32", "specdec-alt3-fp32",
+                                                                   "specdec-fp32", "specdec-alt3-fp32", "specdec-unscreened",
                                                                    "hf-assisted"} else None
     eot = target.generation_config.eos_token_id
     clock = EncoderClock(target)

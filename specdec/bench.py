@@ -46,7 +46,7 @@ import torch
 from transformers import DynamicCache
 
 from .config import SpecdecConfig
-from .core import gqa_attention
+from .core import gqa_attention, screened_head
 from .core.models import cache_argument
 from .core.packed_linear import applies_to, packed_everywhere, packed_steps, packs_at
 from .core.types import token_id_list
@@ -133,9 +133,10 @@ class _CachedForward:
     block on a CPU, with its 2D mask and its grouped-query attention (``core/gqa_attention.py``)."""
 
     def __init__(self, model, batch_size: int, context: int, width: int, packed: bool = False, one_row: bool = False,
-                 verify: bool = False, precision: str = "highest"):
+                 verify: bool = False, precision: str = "highest", screened: bool = False):
         self.model, self.width, self.packed, self.one_row = model, width, packed, one_row
         self.precision = precision  # a drafter's matmul_precision (its steps' bfloat16 weights)
+        self.screened = screened  # a greedy verify's LM head, screened in bfloat16 (core/screened_head.py)
         ids = torch.randint(3, model.config.vocab_size, (batch_size, context + width), device=model.device)
         self.cache = DynamicCache()
         self.argument = cache_argument(model)
@@ -150,7 +151,8 @@ class _CachedForward:
     def time(self, runs: int = 1) -> float:
         """Mean seconds per forward over ``runs`` forwards in a row, each one more cached (a draft's steps)."""
         with (packed_steps(self.model, self.block.numel(), self.one_row, self.precision) if self.packed else nullcontext(),
-              gqa_attention.gqa_steps(self.model) if self.grouped else nullcontext()):
+              gqa_attention.gqa_steps(self.model) if self.grouped else nullcontext(),
+              screened_head.screened_head(self.model) if self.screened else nullcontext()):
             start = time.perf_counter()
             for _ in range(runs):
                 self.model(input_ids=self.block, use_cache=True, logits_to_keep=self.width, **self.mask,
@@ -160,12 +162,19 @@ class _CachedForward:
         return seconds
 
 
+def _screens(decoder, target) -> bool:
+    """Whether ``decoder``'s greedy verifies screen ``target``'s LM head on this machine (without
+    logits processors, as the bench's greedy runs decode)."""
+    return (decoder.screened_head and decoder.packed_weights and decoder.verifier.argmax_only and applies_to(target)
+            and screened_head.applies_to(target) and bool(screened_head.prepare(target)))
+
+
 def step_costs(target, draft, batch_size: int, k: float, context: int = 128, repeats: int = 20, packed: bool = False,
-               draft_packed: bool = False, draft_precision: str = "highest") -> tuple[float, float]:
+               draft_packed: bool = False, draft_precision: str = "highest", screened: bool = False) -> tuple[float, float]:
     """(c, v) for the ideal and the ceiling at a mean lookahead ``k``: c a draft step (at the drafter's
     ``matmul_precision``) over ``generate``'s one-token target step (0 without a ``draft``), v a (k + 1)-token target forward over that step
     (``verify_cost``), read as specdec's verify reads it (packed weights with ``packed``, its mask and
-    grouped attention: without them the ceiling's verify ran slower than the loop's and the loop
+    grouped attention, its LM head screened with ``screened``: without them the ceiling's verify ran slower than the loop's and the loop
     reached 101-108% of its ceiling).
 
     Timed in turn, as the loop runs them: each repeat times the target's one-token step, then
@@ -177,7 +186,7 @@ def step_costs(target, draft, batch_size: int, k: float, context: int = 128, rep
     low = int(k)
     widths = sorted({low + 1} | ({low + 2} if k > low else set()))
     step = _CachedForward(target, batch_size, context, 1)
-    blocks = {width: _CachedForward(target, batch_size, context, width, packed=packed, verify=True)
+    blocks = {width: _CachedForward(target, batch_size, context, width, packed=packed, verify=True, screened=screened)
               for width in widths if width > 1}
     drafting = (_CachedForward(draft, batch_size, context, 1, draft_packed, draft_packed, precision=draft_precision)
                 if draft is not None else None)
@@ -417,7 +426,8 @@ def run_bench(
             draft = decoder.drafter.model if drafter == "model" else None
             c, v = (step_costs(target, draft, batch_size, k_mean, packed=decoder.packed_weights and applies_to(target),
                                draft_packed=draft is not None and decoder.packed_weights and applies_to(draft),
-                               draft_precision=getattr(decoder.drafter, "matmul_precision", "highest"))
+                               draft_precision=getattr(decoder.drafter, "matmul_precision", "highest"),
+                               screened=_screens(decoder, target))
                     if row_steps else (0.0, None))
             alpha = solve_alpha(tau, k_mean)
             ideal = tau / (k_mean * c + 1) if row_steps else None

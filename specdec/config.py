@@ -7,6 +7,7 @@ dtype = "float32"
 cache = "dynamic"   # or "static": preallocated caches and fixed step shapes (SpeculativeDecoder(static_cache=True))
 compile = "none"    # or "draft" / "all": torch.compile the models' steps (static cache only)
 packed_weights = true   # float32 on a CPU: multi-token steps on oneDNN-packed weights (core/packed_linear.py)
+screened_head = true    # with packed_weights, greedy verifies: the LM head in bfloat16, argmax candidates in float32 (core/screened_head.py)
 
 [drafter]
 use = "model"
@@ -41,7 +42,7 @@ from .errors import ConfigError
 from .plugins.manager import get_registry
 
 _SECTIONS = {"target", "drafter", "policy", "verifier", "sampling", "observers"}
-_TARGET_KEYS = {"model", "dtype", "device", "attn_implementation", "tokenizer", "cache", "compile", "packed_weights"}
+_TARGET_KEYS = {"model", "dtype", "device", "attn_implementation", "tokenizer", "cache", "compile", "packed_weights", "screened_head"}
 CACHES = ("dynamic", "static")
 # Options that name files: resolved against the TOML file's folder when that path exists there.
 _PATH_OPTIONS = {"model", "weights", "path", "tokenizer", "head", "token_map", "memory"}
@@ -144,8 +145,9 @@ class SpecdecConfig:
         if bad:
             raise ConfigError(f"{source}: [target] has unknown key(s) {', '.join(bad)}; keys are {', '.join(sorted(_TARGET_KEYS))}")
         target = _resolve_paths(target, base_dir)
-        if not isinstance(target.get("packed_weights", True), bool):
-            raise ConfigError(f"{source}: [target] packed_weights must be true or false, got {target['packed_weights']!r}")
+        for key in ("packed_weights", "screened_head"):
+            if not isinstance(target.get(key, True), bool):
+                raise ConfigError(f"{source}: [target] {key} must be true or false, got {target[key]!r}")
         if target.get("cache", "dynamic") not in CACHES:
             raise ConfigError(f"{source}: [target] cache must be one of {', '.join(repr(c) for c in CACHES)}, "
                               f"got {target['cache']!r}")
@@ -252,6 +254,11 @@ class SpecdecConfig:
     def packed_weights(self) -> bool:
         """``[target] packed_weights``: see ``SpeculativeDecoder(packed_weights=...)``."""
         return self.target.get("packed_weights", True)
+
+    @property
+    def screened_head(self) -> bool:
+        """``[target] screened_head``: see ``SpeculativeDecoder(screened_head=...)``."""
+        return self.target.get("screened_head", True)
 
     def load_target(self):
         """The target model and its tokenizer (offline when the paths are local).

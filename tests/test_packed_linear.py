@@ -536,8 +536,9 @@ def test_a_bfloat16_layer_computes_the_linear_layer_to_bfloat16s_rounding():
 def test_a_draft_on_bfloat16_weights_stays_exact_and_the_target_never_reads_them(monkeypatch):
     """The bundled pair in float32: with ``matmul_precision`` "medium", or "auto" where bfloat16 is
     timed faster, the draft model's steps read bfloat16 copies of its weights and the output is
-    generate's at batch 1 and 2; the target's weights are never copied to bfloat16; "highest", and
-    "auto" where bfloat16 is timed slower, leave the draft in float32."""
+    generate's at batch 1 and 2; the draft's precision never copies the target's weights to
+    bfloat16 (its LM head's screen does, for greedy verifies: tests/test_screened_head.py, off
+    here); "highest", and "auto" where bfloat16 is timed slower, leave the draft in float32."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(PAIR, local_files_only=True, padding_side="left")
@@ -551,7 +552,7 @@ def test_a_draft_on_bfloat16_weights_stays_exact_and_the_target_never_reads_them
         monkeypatch.setattr(packed_linear, "_PACKED_BF16", packed_linear.WeakIdKeyDictionary())
         monkeypatch.setattr(packed_linear, "_PACKED", packed_linear.WeakIdKeyDictionary())
         decoder = SpeculativeDecoder(target=target, drafter=ModelDrafter(draft, matmul_precision=precision),
-                                     policy=ConstantLookahead(k=3))
+                                     policy=ConstantLookahead(k=3), screened_head=False)
         for rows in (slice(0, 1), slice(0, 2)):
             inputs = {name: value[rows] for name, value in batch.items()}
             out = decoder.generate(**inputs, max_new_tokens=24)

@@ -30,7 +30,7 @@ import torch
 
 from ..errors import ConfigError
 from .cache import bucket, dense_block, empty_block
-from . import gqa_attention
+from . import gqa_attention, screened_head
 from .packed_linear import applies_to, pack
 from .models import CausalLMRunner, RereadingRunner, Seq2SeqRunner
 
@@ -74,6 +74,10 @@ class CachedModel:
         self.runner.matmul_precision = self.matmul_precision if self.runner.packed_one_row else "highest"
         if self.runner.packed_steps:
             pack(self.model, self.runner.matmul_precision)  # now, not in the first step the policies time
+        # Greedy verifies of a float32 target: its LM head in bfloat16, the argmax's candidates in float32.
+        self.runner.screened_steps = (self.role == "target" and state.argmax_only and self.runner.packed_steps
+                                      and screened_head.applies_to(self.model) and bool(screened_head.prepare(self.model)))
+        self.runner.screen_suppressed = state.screen_suppressed if self.runner.screened_steps else ()
         self.runner.grouped_steps = (not self.runner.rereads and not self.runner.compiled_steps
                                      and gqa_attention.applies_to(self.model))
         if self.slots is not None:

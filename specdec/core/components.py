@@ -153,6 +153,10 @@ class Verifier(Component):
     """Subclass this and override ``verify``."""
 
     kind = "verifier"
+    # Whether ``verify`` reads the scores only for each position's argmax (and the target's
+    # probability of the token it appends, which may then be off by about 1%): the loop may then
+    # screen the target's LM head in bfloat16 (core/screened_head.py). Leave it False otherwise.
+    argmax_only = False
 
     def check_generation_config(self, generation_config: GenerationConfig) -> None:
         """Raise ``ConfigError`` if this verifier cannot honour the generation config."""

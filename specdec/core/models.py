@@ -26,6 +26,7 @@ from .cache import SlotCache, full_tensor, static_cache
 from .masks import FULL, AttentionLayout
 from .gqa_attention import gqa_steps
 from .packed_linear import packed_steps
+from .screened_head import screened_head
 from .recurrent import config_cache
 
 
@@ -394,6 +395,8 @@ class CausalLMRunner:
     packed_one_row = False  # set per request (CachedModel.begin): one-token steps too (a drafter's)
     matmul_precision = "highest"  # set per request (CachedModel.begin): a drafter's bfloat16 weights
     grouped_steps = False  # set per request (CachedModel.begin): multi-token steps' attention by gqa_steps
+    screened_steps = False  # set per request (CachedModel.begin): multi-row steps' LM head by screened_head
+    screen_suppressed = ()  # set per request (CachedModel.begin): the tokens its argmax is taken without
 
     @property
     def prepares_masks_off_cpu(self) -> bool:
@@ -456,7 +459,8 @@ class CausalLMRunner:
             call = compiled_forward(self.model)
         with (packed_steps(self.model, input_ids.numel(), self.packed_one_row, self.matmul_precision) if self.packed_steps and step
               else nullcontext()), \
-                (gqa_steps(self.model) if self.grouped_steps and step and not one_token else nullcontext()):
+                (gqa_steps(self.model) if self.grouped_steps and step and not one_token else nullcontext()), \
+                (screened_head(self.model, self.screen_suppressed) if self.screened_steps and step else nullcontext()):
             out = call(attention_mask=attention_mask, position_ids=position_ids, use_cache=True, **kwargs)
         logits = slots.to_active(_last_columns(out.logits, logits_to_keep))
         return (logits, slots.to_active(out.hidden_states[-1][:, -input_ids.shape[1]:])) if hidden else logits
@@ -638,6 +642,8 @@ class Seq2SeqRunner:
     packed_steps = False  # set per request (CachedModel.begin): decoder steps after the first on packed weights
     packed_one_row = False  # set per request (CachedModel.begin): one-token steps too (a drafter's)
     matmul_precision = "highest"  # set per request (CachedModel.begin): a drafter's bfloat16 weights
+    screened_steps = False  # set per request (CachedModel.begin): multi-row steps' LM head by screened_head
+    screen_suppressed = ()  # set per request (CachedModel.begin): the tokens its argmax is taken without
 
     def __init__(self, model: PreTrainedModel):
         missing = [name for name in self.REQUIRED if not _accepts(model, name)]
@@ -735,7 +741,8 @@ class Seq2SeqRunner:
                                                first_query_slot=slots.length - input_ids.shape[1], branches=branches)
         tokens = {"decoder_input_ids": input_ids} if inputs_embeds is None else {"decoder_inputs_embeds": inputs_embeds}
         step = slots.length > input_ids.shape[1]  # the first read computes the cross-attention keys, as generate's
-        with packed_steps(self.model, input_ids.numel(), self.packed_one_row, self.matmul_precision) if self.packed_steps and step else nullcontext():
+        with (packed_steps(self.model, input_ids.numel(), self.packed_one_row, self.matmul_precision) if self.packed_steps and step
+              else nullcontext()), (screened_head(self.model, self.screen_suppressed) if self.screened_steps and step else nullcontext()):
             out = self.model(
                 encoder_outputs=self.encoder_outputs,
                 attention_mask=self._encoder_mask,

@@ -11,7 +11,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel
 
 from ..config import SpecdecConfig
-from ..core import hookspecs
+from ..core import hookspecs, screened_head
 from ..core.cache import bucket
 from ..core.cached_model import CachedModel
 from ..core.components import Drafter, LookaheadPolicy, Observer, Verifier
@@ -102,6 +102,11 @@ class SpeculativeDecoder:
     # CPU; from how many rows each weight shape packs is timed once per process
     # (core/packed_linear.py). Each packed layer keeps a second copy of its weight. Other dtypes and devices are never packed.
     packed_weights: bool = attrs.field(default=True, validator=_bool)
+    # With packed_weights, greedy verifies read the target's LM head in bfloat16 where this CPU runs
+    # it faster (timed once per machine), and recompute in float32 only the logits that could be the
+    # argmax, so the output stays the target's (core/screened_head.py). Plain steps at batch 1 keep
+    # generate's own head.
+    screened_head: bool = attrs.field(default=True, validator=_bool)
     _hooks: Any = attrs.field(init=False, repr=False)
     _stats: StatsObserver = attrs.field(init=False, repr=False)
     _target: CachedModel = attrs.field(init=False, repr=False)
@@ -145,7 +150,8 @@ class SpeculativeDecoder:
         if target is None:
             target, _ = config.load_target()
         return cls(target=target, drafter=drafter, policy=policy, verifier=verifier, observers=observers,
-                   static_cache=config.static_cache, compile=config.compile, packed_weights=config.packed_weights)
+                   static_cache=config.static_cache, compile=config.compile, packed_weights=config.packed_weights,
+                   screened_head=config.screened_head)
 
     @property
     def main_input_name(self) -> str | None:
@@ -213,6 +219,10 @@ class SpeculativeDecoder:
         state.static_shapes = self.static_cache
         state.compile = COMPILE_CHOICES[self.compile]
         state.packed_weights = self.packed_weights
+        state.screen_suppressed = (screened_head.suppression_masks(state.processors, self.target)
+                                   if self.screened_head and self.packed_weights and self.verifier.argmax_only
+                                   and screened_head.applies_to(self.target) else None)
+        state.argmax_only = state.screen_suppressed is not None
         # The encoder runs once per request; drafters that share it read state.encoder_outputs.
         state.encoder_outputs = self._target.runner.begin(encoder_outputs=state.encoder_outputs, **state.model_inputs)
         self._target.begin(state)

@@ -19,6 +19,7 @@ class GreedyVerifier(Verifier):
     """Accept drafts while they equal the target's argmax: output identical to greedy decoding."""
 
     name = "greedy"
+    argmax_only = True
 
     def check_generation_config(self, generation_config) -> None:
         if generation_config.do_sample:

@@ -1,0 +1,170 @@
+"""Greedy verifies on a CPU: the target's LM head read in bfloat16, and in float32 only the logits
+that could be the argmax.
+
+A verify over a few tokens reads the whole LM head from memory, and on a small model that is a
+large share of the forward: SmolLM2-135M's 49152 x 576 head is 113 MB of its 540 MB of float32
+weights, 6.6-7.4 ms of a 3-6 token verify on a Zen 4 EPYC, cold as the loop meets it (one thread,
+packed). Greedy verification needs only each position's argmax. So, where the verifier says so
+(``Verifier.argmax_only``) and no logits processor changes the scores, the head runs in two passes:
+
+1. the logits of every token from bfloat16 copies of the head and of the rows (oneDNN, float32
+   accumulation): half the bytes, 3.3-5.0 ms there;
+2. float32 dot products for the tokens whose bfloat16 logit is within ``2 * bound(row)`` of the
+   row's largest (1-5 tokens a row on SmolLM2), written over their bfloat16 values.
+
+Why the argmax stays the target's. For a row ``x`` (K features) and a head row ``w_v``, rounding
+``x`` and ``w_v`` to bfloat16 (8 significant bits, unit roundoff ``2^-8``) and adding the K products
+in float32 in any order (unit roundoff ``u = 2^-24``, ``gamma_K = K u / (1 - K u)``) errs by at most
+``(2^-7 + 2^-16 + gamma_K (1 + 2^-7 + 2^-16)) * sum_i |x_i w_vi|``, and ``sum_i |x_i w_vi| <=
+||x|| ||w_v|| <= ||x|| max_v ||w_v||`` (Cauchy-Schwarz). ``bound(row)`` is that, plus ``2 gamma_K``
+of the same for the float32 logits that ``generate`` and the second pass compute, with 1% for the
+norms' own rounding (``ERROR_FACTOR``). A token outside the candidates has a bfloat16 logit more
+than ``2 * bound`` below the row's largest, so its float32 logit is below that largest token's:
+the argmax is among the candidates, decided on float32 logits as ``generate`` decides it. Ties
+closer than float32's rounding can fall either way, as between any two float32 matmul kernels
+(``core/packed_linear.py``'s packed steps add their products in another order than ``generate``'s
+already). The tokens outside keep their bfloat16 logits, so the target's probability of the
+chosen token (``Verdict.target_probs``, which confidence policies read) is exact to about 1%.
+
+Logits processors that only suppress tokens (Whisper's ``SuppressTokensLogitsProcessor`` and
+``SuppressTokensAtBeginLogitsProcessor``) keep the screen: the candidates are then each row's
+largest among the tokens not suppressed, taken for both cases of the at-begin set (suppressed at
+the first generated position, not after), so that the argmax after the processors is among them
+wherever in the block that position falls (``suppression_masks``). Any other processor reads or
+changes the scores and turns the screen off.
+
+Only multi-row calls are screened, as only they are packed: a plain step at batch 1 stays
+``generate``'s own. Where bfloat16 runs a head's shape no faster on this CPU (timed once per
+machine with the packed layers, ``packed_linear.bfloat16_at``; CPUs without AVX-512 BF16 or AMX
+emulate it), nothing changes. float64 targets, the exactness proofs' dtype, are never screened.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import torch
+from torch.utils.weak import WeakIdKeyDictionary
+
+from . import packed_linear
+from .packed_linear import bfloat16_at, packed_weight_bfloat16, trial_width
+
+_PLANS: WeakIdKeyDictionary = WeakIdKeyDictionary()  # head weight -> (its _version, widths, max row norm)
+
+
+def error_factor(features: int) -> float:
+    """``bound(row) / (||row|| * max_v ||w_v||)`` for a head of ``features`` inputs (the docstring above)."""
+    unit = 2.0 ** -24
+    gamma = features * unit / (1 - features * unit)
+    rounding = 2.0 ** -7 + 2.0 ** -16
+    return 1.01 * (rounding + gamma * (1 + rounding) + 2 * gamma)
+
+
+def applies_to(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s LM head could be screened on this machine: a bias-free ``nn.Linear`` of
+    float32 weights on the CPU, large enough to be packed, with no forward of its own set by
+    someone else, on a torch whose oneDNN runs bfloat16."""
+    head = _head(model)
+    return (head is not None and head.bias is None and "forward" not in head.__dict__
+            and head.weight.dtype == torch.float32 and head.weight.device.type == "cpu"
+            and head.weight.numel() >= packed_linear.MIN_WEIGHT and packed_linear.available()
+            and packed_linear.bfloat16_available())
+
+
+def _head(model: torch.nn.Module) -> torch.nn.Linear | None:
+    get = getattr(model, "get_output_embeddings", None)
+    head = get() if get is not None else None
+    return head if type(head) is torch.nn.Linear else None
+
+
+def prepare(model: torch.nn.Module) -> frozenset[int]:
+    """Time the head's shape in bfloat16 (once per machine) and make its bfloat16 copy and norm now,
+    not in the first verify that the cost-aware policies time; the trial widths it is screened at."""
+    head = _head(model)
+    widths = _plan(head.weight)[1]
+    if widths:
+        packed_weight_bfloat16(head.weight)
+    return widths
+
+
+def _plan(weight: torch.Tensor) -> tuple[int, frozenset[int], float]:
+    known = _PLANS.get(weight)
+    if known is None or known[0] != weight._version:
+        with torch.no_grad():
+            largest = float(torch.linalg.vector_norm(weight, dim=1).max())
+        known = _PLANS[weight] = (weight._version, bfloat16_at(weight, "auto"), largest)
+    return known
+
+
+def suppression_masks(processors, model: torch.nn.Module) -> tuple[torch.Tensor, ...] | None:
+    """What the screen of ``model``'s LM head must take each row's largest logit over, given the
+    request's logits processors: ``()`` without processors (all tokens), one ``[V]`` mask of
+    suppressed tokens per case where they only suppress tokens (both cases of an at-begin set), None
+    where some processor does anything else (no screen)."""
+    from transformers.generation.logits_process import SuppressTokensAtBeginLogitsProcessor, SuppressTokensLogitsProcessor
+
+    if not processors:
+        return ()
+    weight = _head(model).weight
+    vocab, device = weight.shape[0], weight.device
+    always = torch.zeros(vocab, dtype=torch.bool, device=device)
+    at_begin = None
+    for processor in processors or ():
+        kind = type(processor)  # exact types: a subclass may do more
+        if kind is SuppressTokensLogitsProcessor:
+            always |= torch.isin(torch.arange(vocab, device=device), processor.suppress_tokens.to(device))
+        elif kind is SuppressTokensAtBeginLogitsProcessor:
+            tokens = torch.isin(torch.arange(vocab, device=device), processor.begin_suppress_tokens.to(device))
+            at_begin = tokens if at_begin is None else at_begin | tokens
+        else:
+            return None
+    return (always,) if at_begin is None else (always, always | at_begin)
+
+
+@contextlib.contextmanager
+def screened_head(model: torch.nn.Module, suppressed: tuple[torch.Tensor, ...] = ()):
+    """Within it, ``model``'s LM head screens its multi-row calls (at the widths ``prepare`` found
+    bfloat16 faster at), each row's argmax taken over the tokens outside each of ``suppressed``
+    (``suppression_masks``); other calls go to the forward it had on entry (a packed one, or its own)."""
+    head = _head(model)
+    previous = head.__dict__.get("forward")
+    head.forward = functools.partial(_screened_forward, head, previous or type(head).forward.__get__(head), suppressed)
+    try:
+        yield
+    finally:
+        if previous is None:
+            head.__dict__.pop("forward", None)
+        else:
+            head.forward = previous
+
+
+def _screened_forward(head: torch.nn.Linear, fallback, suppressed: tuple[torch.Tensor, ...], x: torch.Tensor) -> torch.Tensor:
+    weight = head._parameters["weight"]
+    features = x.shape[-1]
+    rows = x.numel() // features
+    _, widths, largest = _plan(weight)
+    if rows < 2 or x.dtype != torch.float32 or torch.is_grad_enabled() or trial_width(rows) not in widths:
+        return fallback(x)
+    logits, _ = screened_logits(x.reshape(-1, features), weight, largest, suppressed)
+    return logits.view(*x.shape[:-1], logits.shape[-1])
+
+
+def screened_logits(flat: torch.Tensor, weight: torch.Tensor, largest: float, suppressed: tuple[torch.Tensor, ...] = ()):
+    """``(logits [R, V], (rows, tokens))``: ``flat [R, K] @ weight.T`` in bfloat16, with the
+    candidates for each row's argmax (``rows[i]``, ``tokens[i]``) recomputed in float32; ``largest``
+    is ``weight``'s largest row norm; with ``suppressed`` masks, the argmax over the tokens outside
+    each of them."""
+    logits = torch.ops.mkldnn._linear_pointwise(flat.to(torch.bfloat16), packed_weight_bfloat16(weight), None,
+                                                "none", [], "").float()  # [R, V]
+    margin = torch.linalg.vector_norm(flat, dim=1, keepdim=True) * (2 * error_factor(flat.shape[1]) * largest)  # [R, 1]
+    if not suppressed:
+        candidates = logits >= logits.amax(1, keepdim=True) - margin
+    else:
+        candidates = torch.zeros_like(logits, dtype=torch.bool)
+        for mask in suppressed:
+            allowed = logits.masked_fill(mask, -float("inf"))
+            candidates |= allowed >= allowed.amax(1, keepdim=True) - margin
+    at_row, token = candidates.nonzero(as_tuple=True)  # a CPU: no sync to avoid
+    logits[at_row, token] = (flat[at_row] * weight[token]).sum(-1)
+    return logits, (at_row, token)

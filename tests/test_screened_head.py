@@ -1,0 +1,307 @@
+"""Greedy verifies with the target's LM head screened in bfloat16 (core/screened_head.py): the
+bound's arithmetic, the argmax's candidates on adversarial heads, and the loop's output on real
+transformers models, where the screen is on and where it must stay off."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings, strategies as st
+
+from specdec import ConfigError, SpeculativeDecoder
+from specdec.config import SpecdecConfig
+from specdec.core import packed_linear, screened_head
+from specdec.drafters import ModelDrafter, NGramDrafter
+from specdec.policies import ConstantLookahead
+from specdec.verifiers import RejectionVerifier
+
+from .conftest import pin_packing
+from .test_pair import PAIR, needs_pair
+
+needs_bfloat16 = pytest.mark.skipif(not (packed_linear.available() and packed_linear.bfloat16_available()),
+                                    reason="no oneDNN bfloat16 matmul here")
+
+
+def test_the_bound_covers_bfloat16s_rounding_and_float32s_sums():
+    """2^-7 + 2^-16 for the two roundings to bfloat16, gamma_K for float32's sums three times over
+    (the bfloat16 pass's, generate's and the second pass's), 1% for the norms."""
+    unit = 2.0 ** -24
+    for features in (64, 576, 4096):
+        gamma = features * unit / (1 - features * unit)
+        expected = 1.01 * (2.0 ** -7 + 2.0 ** -16 + gamma * (1 + 2.0 ** -7 + 2.0 ** -16) + 2 * gamma)
+        assert screened_head.error_factor(features) == pytest.approx(expected, rel=1e-12)
+    assert 0.0080 < screened_head.error_factor(576) < 0.0081  # 1.01 x (0.0078125 + 0.0000153 + 0.0000346 + 0.0000687)
+    assert screened_head.error_factor(4096) > screened_head.error_factor(576)
+
+
+def _check(flat: torch.Tensor, weight: torch.Tensor) -> int:
+    """The screen of ``flat @ weight.T``: float32 values at its candidates, each row's float64
+    argmax among them, and its argmax that of float32's logits wherever float64's top two are further
+    apart than float32's rounding. Returns the number of candidates."""
+    largest = float(torch.linalg.vector_norm(weight, dim=1).max())
+    logits, (rows, tokens) = screened_head.screened_logits(flat, weight, largest)
+    full = F.linear(flat, weight)
+    exact = flat.double() @ weight.double().T
+    torch.testing.assert_close(logits[rows, tokens], full[rows, tokens], rtol=1e-5, atol=1e-5)
+    chosen = set(zip(rows.tolist(), tokens.tolist()))
+    top = exact.topk(2, dim=1)
+    scale = torch.linalg.vector_norm(flat.double(), dim=1) * largest
+    for r in range(flat.shape[0]):
+        assert (r, int(top.indices[r, 0])) in chosen, f"row {r}: float64's argmax is not a candidate"
+        if top.values[r, 0] - top.values[r, 1] > 1e-5 * scale[r]:
+            assert int(logits[r].argmax()) == int(full[r].argmax()) == int(top.indices[r, 0])
+    return len(chosen)
+
+
+@needs_bfloat16
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), rows=st.integers(2, 12), features=st.sampled_from([64, 256, 576]),
+       vocab=st.sampled_from([512, 4096]), scale=st.sampled_from([1e-2, 1.0, 30.0]))
+def test_the_argmax_is_always_a_candidate_on_random_heads(seed, rows, features, vocab, scale):
+    generator = torch.Generator().manual_seed(seed)
+    weight = torch.randn(vocab, features, generator=generator) * scale / features ** 0.5
+    flat = torch.randn(rows, features, generator=generator) * scale
+    _check(flat, weight)
+
+
+@needs_bfloat16
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), ties=st.integers(2, 16), spread=st.sampled_from([0.0, 1e-6, 1e-4, 1e-3, 1e-2]))
+def test_near_ties_that_bfloat16_cannot_tell_apart_are_decided_in_float32(seed, ties, spread):
+    """Head rows nearly parallel to the hidden state, their logits closer than bfloat16 resolves
+    them: all of them are candidates, and float32 picks the one float64 picks."""
+    generator = torch.Generator().manual_seed(seed)
+    features, vocab = 256, 2048
+    weight = torch.randn(vocab, features, generator=generator) / features ** 0.5
+    flat = torch.randn(3, features, generator=generator)
+    direction = flat[0] / torch.linalg.vector_norm(flat[0])
+    for i in range(ties):  # rows whose logit for row 0 is its largest, apart by about ``spread``
+        weight[i] = direction * (1 + spread * i / ties) + 1e-3 * torch.randn(features, generator=generator)
+    weight[vocab - 1] = -weight[0]  # a row with the largest norm and the lowest logit: the bound's largest
+    count = _check(flat, weight)
+    assert count >= 3
+
+
+@needs_bfloat16
+def test_a_confident_head_recomputes_a_few_tokens_a_row():
+    """What makes the screen cheap: logits that stand apart leave a handful of candidates."""
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(8192, 256, generator=generator) / 16
+    flat = weight[torch.tensor([3, 99, 2024, 7000])] * 40 + torch.randn(4, 256, generator=generator) * 0.1
+    assert _check(flat, weight) <= 4 * 4
+
+
+# --- in the loop ---------------------------------------------------------------------------------
+
+
+class ScreenCounter:
+    """Counts the LM head calls that were screened, and their rows."""
+
+    def __init__(self, monkeypatch):
+        self.rows = []
+        original = screened_head.screened_logits
+
+        def counting(flat, weight, largest, suppressed=()):
+            self.rows.append(flat.shape[0])
+            return original(flat, weight, largest, suppressed)
+
+        monkeypatch.setattr(screened_head, "screened_logits", counting)
+
+
+def _pair():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(PAIR, local_files_only=True, padding_side="left")
+    target, draft = (AutoModelForCausalLM.from_pretrained(PAIR / name, dtype=torch.float32, local_files_only=True).eval()
+                     for name in ("target", "draft"))
+    batch = tokenizer(["def fibonacci(n):\n", "import os\n\n\ndef main("], return_tensors="pt", padding=True)
+    return target, draft, batch
+
+
+def _pin(monkeypatch, faster: bool = True):
+    """Packed from 2 rows and bfloat16 faster (or slower) for the pair's LM heads and larger weights."""
+    pin_packing(monkeypatch, start=2, smallest=1 << 20, bfloat16=faster)
+    monkeypatch.setattr(screened_head, "_PLANS", screened_head.WeakIdKeyDictionary())
+    monkeypatch.setattr(packed_linear, "_PACKED_BF16", packed_linear.WeakIdKeyDictionary())
+
+
+@needs_bfloat16
+@needs_pair
+def test_the_bundled_pair_with_a_screened_head_equals_generate(monkeypatch):
+    """The bundled pair in float32, greedy: with the target's head screened at every verify the
+    output is generate's at batch 1 and on a padded batch of 2; plain steps at batch 1 stay
+    generate's own head; the draft model's head is never screened."""
+    _pin(monkeypatch)
+    counter = ScreenCounter(monkeypatch)
+    target, draft, batch = _pair()
+    expected = target.generate(**batch, max_new_tokens=32, do_sample=False)
+    assert screened_head.applies_to(target)
+    for drafter in (ModelDrafter(draft), NGramDrafter(max_ngram=3)):
+        decoder = SpeculativeDecoder(target=target, drafter=drafter, policy=ConstantLookahead(k=3))
+        for rows in (slice(0, 1), slice(0, 2)):
+            inputs = {name: value[rows] for name, value in batch.items()}
+            reference = expected[rows] if rows.stop == 2 else target.generate(**inputs, max_new_tokens=32, do_sample=False)
+            counter.rows.clear()
+            out = decoder.generate(**inputs, max_new_tokens=32)
+            assert torch.equal(out.sequences, reference[:, : out.sequences.shape[1]]), (drafter.name, rows)
+            assert counter.rows and all(width >= 2 for width in counter.rows)
+            if drafter.name == "model":  # a draft at every iteration but the last ones: each verify screened
+                assert len(counter.rows) >= out.stats.iterations - 2
+    assert target.lm_head.weight in packed_linear._PACKED_BF16
+    assert draft.lm_head.weight not in screened_head._PLANS
+
+    counter.rows.clear()
+    plain = SpeculativeDecoder(target=target, drafter=NGramDrafter(), policy=ConstantLookahead(k=0))
+    out = plain.generate(**{name: value[:1] for name, value in batch.items()}, max_new_tokens=16)
+    assert counter.rows == [] and out.stats.new_tokens == 16, "a plain step at batch 1 reads generate's head"
+
+
+@needs_bfloat16
+@needs_pair
+def test_the_head_is_read_in_full_wherever_the_scores_matter(monkeypatch):
+    """No screen: under sampling, with a logits processor (the output then generate's with the
+    same processor), with ``screened_head=False``, and where bfloat16 is timed slower."""
+    target, draft, batch = _pair()
+    inputs = {name: value[:1] for name, value in batch.items()}
+
+    def screened(faster=True, **options):
+        _pin(monkeypatch, faster)
+        counter = ScreenCounter(monkeypatch)
+        decoder_options = {key: options.pop(key) for key in ("verifier", "screened_head") if key in options}
+        decoder = SpeculativeDecoder(target=target, drafter=ModelDrafter(draft), policy=ConstantLookahead(k=3),
+                                     **decoder_options)
+        out = decoder.generate(**inputs, max_new_tokens=16, **options)
+        return out, counter.rows
+
+    torch.manual_seed(0)
+    _, rows = screened(verifier=RejectionVerifier(), do_sample=True, temperature=0.8)
+    assert rows == []
+    out, rows = screened(repetition_penalty=1.3)
+    assert rows == []
+    reference = target.generate(**inputs, max_new_tokens=16, do_sample=False, repetition_penalty=1.3)
+    assert torch.equal(out.sequences, reference[:, : out.sequences.shape[1]])
+    _, rows = screened(screened_head=False)
+    assert rows == []
+    out, rows = screened(faster=False)
+    assert rows == [] and target.lm_head.weight not in packed_linear._PACKED_BF16
+    _, rows = screened()
+    assert rows, "the same decoder screens where nothing above holds"
+
+
+def test_screened_head_is_checked(tmp_path):
+    with pytest.raises(ConfigError, match="screened_head must be True or False, got 'yes'"):
+        SpeculativeDecoder(target=_tiny_target(), drafter=NGramDrafter(), screened_head="yes")
+    toml = tmp_path / "plugins.toml"
+    toml.write_text(f'[target]\nmodel = "{PAIR / "target"}"\nscreened_head = 1\n\n[drafter]\nuse = "ngram"\n')
+    with pytest.raises(ConfigError, match=r"plugins.toml: \[target\] screened_head must be true or false, got 1"):
+        SpecdecConfig.from_toml(toml)
+    toml.write_text(f'[target]\nmodel = "{PAIR / "target"}"\nscreened_head = false\n\n[drafter]\nuse = "ngram"\n')
+    assert SpecdecConfig.from_toml(toml).screened_head is False
+    toml.write_text(f'[target]\nmodel = "{PAIR / "target"}"\n\n[drafter]\nuse = "ngram"\n')
+    assert SpecdecConfig.from_toml(toml).screened_head is True
+
+
+def _tiny_target():
+    from .conftest import tiny_model
+
+    return tiny_model("llama")
+
+
+# --- the real chat model -------------------------------------------------------------------------
+
+SHIPPED = Path(__file__).resolve().parent.parent / "models/smollm2-135m-instruct-head/plugins.toml"
+SMOLLM2 = Path(SpecdecConfig.from_toml(SHIPPED).target["model"]).expanduser()  # where `specdec models fetch` puts it
+
+
+@needs_bfloat16
+@pytest.mark.skipif(not (SMOLLM2 / "config.json").is_file(), reason="SmolLM2 not fetched (specdec models fetch smollm2-135m-instruct)")
+def test_smollm2s_shipped_config_with_a_screened_head_equals_generate(monkeypatch):
+    """SmolLM2-135M-Instruct with its shipped config (prompt lookup, the hidden-state head and its
+    first-position alternatives) and the screen at every verify: generate's tokens."""
+    pin_packing(monkeypatch, start=2, smallest=1 << 20, bfloat16=True)
+    monkeypatch.setattr(screened_head, "_PLANS", screened_head.WeakIdKeyDictionary())
+    counter = ScreenCounter(monkeypatch)
+    config = SpecdecConfig.from_toml(SHIPPED)
+    target, tokenizer = config.load_target()
+    decoder = SpeculativeDecoder.from_config(config, target=target)
+    for prompt in ("Write a Python function that reverses a string.", "Explain why the sky is blue."):
+        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                             add_generation_prompt=True)
+        inputs = tokenizer(text, return_tensors="pt", add_special_tokens=False)
+        out = decoder.generate(**inputs, max_new_tokens=40)
+        reference = target.generate(**inputs, max_new_tokens=40, do_sample=False)
+        assert torch.equal(out.sequences, reference[:, : out.sequences.shape[1]]), prompt
+    assert counter.rows
+
+
+# --- processors that only suppress tokens (Whisper's) ----------------------------------------------
+
+
+def test_suppression_masks_follow_the_processors():
+    from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor
+    from transformers.generation.logits_process import SuppressTokensAtBeginLogitsProcessor, SuppressTokensLogitsProcessor
+
+    model = torch.nn.Module()
+    head = torch.nn.Linear(4, 10, bias=False)
+    model.get_output_embeddings = lambda: head
+    assert screened_head.suppression_masks(LogitsProcessorList(), model) == ()
+    always = SuppressTokensLogitsProcessor([1, 7])
+    (mask,) = screened_head.suppression_masks([always], model)
+    assert mask.tolist() == [i in (1, 7) for i in range(10)]
+    at_begin = SuppressTokensAtBeginLogitsProcessor([3], begin_index=4)
+    first, second = screened_head.suppression_masks([always, at_begin], model)
+    assert first.tolist() == mask.tolist() and second.tolist() == [i in (1, 3, 7) for i in range(10)]
+    assert screened_head.suppression_masks([always, RepetitionPenaltyLogitsProcessor(1.2)], model) is None
+
+
+@needs_bfloat16
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), suppressed=st.integers(1, 8))
+def test_a_suppressed_argmax_leaves_the_next_one_among_the_candidates(seed, suppressed):
+    """With the top tokens of every row suppressed, the largest unsuppressed one is a candidate, in
+    both cases of an at-begin set, and the suppressed argmax of the screened logits is float32's."""
+    generator = torch.Generator().manual_seed(seed)
+    weight = torch.randn(1024, 128, generator=generator) / 128 ** 0.5
+    flat = torch.randn(4, 128, generator=generator) * 3
+    exact = F.linear(flat, weight)
+    top = exact.topk(suppressed + 1, dim=1).indices
+    always = torch.zeros(1024, dtype=torch.bool)
+    always[top[:, : suppressed // 2 + 1].flatten()] = True
+    begin = always.clone()
+    begin[top[:, :suppressed].flatten()] = True
+    largest = float(torch.linalg.vector_norm(weight, dim=1).max())
+    logits, (rows, tokens) = screened_head.screened_logits(flat, weight, largest, (always, begin))
+    chosen = set(zip(rows.tolist(), tokens.tolist()))
+    for mask in (always, begin):
+        expected = exact.masked_fill(mask, -float("inf")).argmax(1)
+        assert all((r, int(t)) in chosen for r, t in enumerate(expected))
+        assert torch.equal(logits.masked_fill(mask, -float("inf")).argmax(1), expected)
+
+
+@needs_bfloat16
+@torch.no_grad()
+def test_a_whisper_target_screens_its_head_under_suppression_and_stays_exact(monkeypatch):
+    """A float32 Whisper, greedy, with its checkpoint's suppressed and begin-suppressed tokens: the
+    decoder's verifies screen ``proj_out`` and the transcript is generate's."""
+    from transformers import GenerationMixin
+
+    from specdec.drafters import SharedEncoderDrafter
+
+    from .tiny_whisper import NO_TIMESTAMPS, SOT, TRANSCRIBE, decoder_of, features, tiny_whisper
+
+    pin_packing(monkeypatch, smallest=0, bfloat16=True)
+    monkeypatch.setattr(screened_head, "_PLANS", screened_head.WeakIdKeyDictionary())
+    counter = ScreenCounter(monkeypatch)
+    target = tiny_whisper(seed=0).float()
+    x = features(4, seed=11).float()
+    prompt = torch.tensor([[SOT, 258, TRANSCRIBE, NO_TIMESTAMPS]] * 4)
+    reference = GenerationMixin.generate(target, x, decoder_input_ids=prompt, max_new_tokens=16)
+    for drafter in (SharedEncoderDrafter(model=decoder_of(target)), NGramDrafter()):
+        counter.rows.clear()
+        decoder = SpeculativeDecoder(target=target, drafter=drafter, policy=ConstantLookahead(k=3))
+        out = decoder.generate(prompt, input_features=x, max_new_tokens=16)
+        assert torch.equal(out.sequences, reference), drafter.name
+        assert counter.rows, drafter.name
