@@ -150,6 +150,8 @@ def contenders(run: str, target, head, heuristic_max: int, only=(), other_head=N
     # Prompt lookup where it matches, the head elsewhere (drafters/fallback.py).
     for n, k, then in ((2, 6, 2), (3, 6, 2), (2, 10, 2), (2, 10, 3)):
         found[f"specdec ngram>={n} else hidden_state k={k}/{then}"] = spec(behind_lookup(head, then=then, n=n), ConstantLookahead(k=k))
+        found[f"specdec ngram>={n} else hidden_state k={k}/{then} unscreened"] = spec(
+            behind_lookup(head, then=then, n=n), ConstantLookahead(k=k), screened=False)
     # The policy that measures costs and falls back to plain steps where drafting does not pay.
     found["specdec hidden_state cost-aware"] = spec(HiddenStateDrafter(head), CostAwareLookahead())
     found[f"{behind} cost-aware"] = spec(behind_lookup(), CostAwareLookahead())

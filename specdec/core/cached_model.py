@@ -47,7 +47,8 @@ class CachedModel:
         self.runner = runner
         self.role = role  # "target" or "draft": which models ``state.compile`` names
         # A drafter's: its packed steps read bfloat16 weights ("medium", or "auto" where measured
-        # faster; core/packed_linear.py). The target's steps are always its own dtype's.
+        # faster; core/packed_linear.py). The target's steps are always its own dtype's (but for
+        # the screened LM head of greedy verifies, whose argmax stays float32's: core/screened_head.py).
         self.matmul_precision = "highest" if role == "target" else matmul_precision
         self.slots = None
         self.fed_host: torch.Tensor | None = None  # [R] long, CPU, by original row id

@@ -61,7 +61,9 @@ pushed out of the caches, so half the bytes is most of the gain: on the Zen 4 EP
 SmolLM2's head's 8192 x 576 readout takes 0.19 ms in bfloat16 against 0.51 ms packed in float32
 (hot; docs/benchmarks.md, stop 51). Only the draft's numbers change, which never reach the output:
 greedy verification compares with the target's own tokens, and rejection sampling corrects with the
-q the draft was sampled from, whatever its precision. A target's steps are never bfloat16.
+q the draft was sampled from, whatever its precision. A target's linear layers are never bfloat16
+(its LM head in greedy verifies is screened in bfloat16 with its argmax recomputed in float32:
+core/screened_head.py).
 
 Rounding: the packed matmul adds its products in another order than sgemm, as sgemm already does
 between a 1-row and a 4-row call; the logits differ in the last bits, as a verify's already differ
