@@ -305,3 +305,34 @@ def test_a_whisper_target_screens_its_head_under_suppression_and_stays_exact(mon
         out = decoder.generate(prompt, input_features=x, max_new_tokens=16)
         assert torch.equal(out.sequences, reference), drafter.name
         assert counter.rows, drafter.name
+
+
+@needs_bfloat16
+def test_the_first_timing_of_a_head_is_said_once_naming_the_model(monkeypatch, caplog):
+    """As the packed layers' first timings are: which model, where it is kept, how long it took;
+    the next request, the shape known, says nothing and keeps the plan."""
+    import logging
+
+    pin_packing(monkeypatch, start=2, smallest=1 << 16, bfloat16=True)
+    monkeypatch.setattr(screened_head, "_PLANS", screened_head.WeakIdKeyDictionary())
+
+    class Head(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lm_head = torch.nn.Linear(256, 4096, bias=False)
+
+        def get_output_embeddings(self):
+            return self.lm_head
+
+    model = Head()
+    assert screened_head.applies_to(model)
+    with caplog.at_level(logging.INFO, logger="specdec.core.packed_linear"):
+        widths = screened_head.prepare(model)
+    said = [record.getMessage() for record in caplog.records]
+    assert said[0].startswith("timing the LM head of Head in bfloat16")
+    assert str(packed_linear.measurements_file()) in said[0] and said[1].startswith("timed in")
+    assert widths == frozenset(packed_linear.TRIAL_ROWS) and model.lm_head.weight in packed_linear._PACKED_BF16
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="specdec.core.packed_linear"):
+        assert screened_head.prepare(model) == widths
+    assert not caplog.records

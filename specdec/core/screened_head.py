@@ -43,6 +43,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
+import time
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
@@ -50,6 +52,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from . import packed_linear
 from .packed_linear import bfloat16_at, packed_weight_bfloat16, trial_width
 
+_log = logging.getLogger(packed_linear.__name__)  # the packed layers' logger: one verbosity for both
 _PLANS: WeakIdKeyDictionary = WeakIdKeyDictionary()  # head weight -> (its _version, widths, max row norm)
 
 
@@ -82,7 +85,14 @@ def prepare(model: torch.nn.Module) -> frozenset[int]:
     """Time the head's shape in bfloat16 (once per machine) and make its bfloat16 copy and norm now,
     not in the first verify that the cost-aware policies time; the trial widths it is screened at."""
     head = _head(model)
-    widths = _plan(head.weight)[1]
+    if head.weight not in _PLANS and packed_linear._untimed([head], packed_linear._MEASURED_BF16, packed_linear.BF16_KEY):
+        started = time.perf_counter()  # said as the packed layers' first timings are
+        _log.info("timing the LM head of %s in bfloat16 on this CPU (once per machine, kept in %s)",
+                  packed_linear._named(model), packed_linear.measurements_file())
+        widths = _plan(head.weight)[1]
+        _log.info("timed in %.1f s", time.perf_counter() - started)
+    else:
+        widths = _plan(head.weight)[1]
     if widths:
         packed_weight_bfloat16(head.weight)
     return widths
