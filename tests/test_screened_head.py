@@ -104,9 +104,9 @@ class ScreenCounter:
         self.rows = []
         original = screened_head.screened_logits
 
-        def counting(flat, weight, largest, suppressed=()):
+        def counting(flat, weight, largest, suppressed=(), full=None):
             self.rows.append(flat.shape[0])
-            return original(flat, weight, largest, suppressed)
+            return original(flat, weight, largest, suppressed, full)
 
         monkeypatch.setattr(screened_head, "screened_logits", counting)
 
@@ -147,7 +147,7 @@ def test_the_bundled_pair_with_a_screened_head_equals_generate(monkeypatch):
             counter.rows.clear()
             out = decoder.generate(**inputs, max_new_tokens=32)
             assert torch.equal(out.sequences, reference[:, : out.sequences.shape[1]]), (drafter.name, rows)
-            assert counter.rows and all(width >= 2 for width in counter.rows)
+            assert counter.rows and all(2 <= width <= screened_head.MAX_ROWS for width in counter.rows)
             if drafter.name == "model":  # a draft at every iteration but the last ones: each verify screened
                 assert len(counter.rows) >= out.stats.iterations - 2
     assert target.lm_head.weight in packed_linear._PACKED_BF16
@@ -296,8 +296,8 @@ def test_a_whisper_target_screens_its_head_under_suppression_and_stays_exact(mon
     monkeypatch.setattr(screened_head, "_PLANS", screened_head.WeakIdKeyDictionary())
     counter = ScreenCounter(monkeypatch)
     target = tiny_whisper(seed=0).float()
-    x = features(4, seed=11).float()
-    prompt = torch.tensor([[SOT, 258, TRANSCRIBE, NO_TIMESTAMPS]] * 4)
+    x = features(2, seed=11).float()  # 2 rows x 4 tokens: verifies within MAX_ROWS
+    prompt = torch.tensor([[SOT, 258, TRANSCRIBE, NO_TIMESTAMPS]] * 2)
     reference = GenerationMixin.generate(target, x, decoder_input_ids=prompt, max_new_tokens=16)
     for drafter in (SharedEncoderDrafter(model=decoder_of(target)), NGramDrafter()):
         counter.rows.clear()
@@ -336,3 +336,24 @@ def test_the_first_timing_of_a_head_is_said_once_naming_the_model(monkeypatch, c
     with caplog.at_level(logging.INFO, logger="specdec.core.packed_linear"):
         assert screened_head.prepare(model) == widths
     assert not caplog.records
+
+
+@needs_bfloat16
+def test_wide_calls_and_unsure_rows_read_the_float32_head():
+    """Calls of more than ``MAX_ROWS`` rows go to the forward the head had; where the candidates
+    span most of the vocabulary (an unsure target) the call returns float32's logits for every token."""
+    generator = torch.Generator().manual_seed(0)
+    # head rows all but equal: every token's logit within bfloat16's bound of the largest
+    weight = torch.randn(64, generator=generator) / 8 + 1e-5 * torch.randn(4096, 64, generator=generator)
+    flat = torch.randn(3, 64, generator=generator)
+    largest = float(torch.linalg.vector_norm(weight, dim=1).max())
+    full = []
+    logits, (rows, _) = screened_head.screened_logits(flat, weight, largest, full=lambda x: full.append(1) or x @ weight.T)
+    assert full and rows.numel() > 3 * screened_head.MOST_OF_THE_HEAD * 4096
+    torch.testing.assert_close(logits, flat @ weight.T)
+
+    head = torch.nn.Linear(64, 4096, bias=False)
+    fallback = []
+    forward = lambda x: fallback.append(x.shape) or torch.nn.functional.linear(x, head.weight)  # noqa: E731
+    screened_head._screened_forward(head, forward, (), torch.randn(1, screened_head.MAX_ROWS + 1, 64))
+    assert fallback == [torch.Size([1, screened_head.MAX_ROWS + 1, 64])]

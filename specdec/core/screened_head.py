@@ -154,17 +154,34 @@ def _screened_forward(head: torch.nn.Linear, fallback, suppressed: tuple[torch.T
     features = x.shape[-1]
     rows = x.numel() // features
     _, widths, largest = _plan(weight)
-    if rows < 2 or x.dtype != torch.float32 or torch.is_grad_enabled() or trial_width(rows) not in widths:
+    if (rows < 2 or rows > MAX_ROWS or x.dtype != torch.float32 or torch.is_grad_enabled()
+            or trial_width(rows) not in widths):
         return fallback(x)
-    logits, _ = screened_logits(x.reshape(-1, features), weight, largest, suppressed)
+    logits, _ = screened_logits(x.reshape(-1, features), weight, largest, suppressed,
+                                full=lambda flat: fallback(flat))
     return logits.view(*x.shape[:-1], logits.shape[-1])
 
 
-def screened_logits(flat: torch.Tensor, weight: torch.Tensor, largest: float, suppressed: tuple[torch.Tensor, ...] = ()):
+# Calls of more rows keep the float32 head. Wider calls are batched verifies, whose rows after a
+# rejected draft leave the target unsure and many tokens within the bound: SmolLM2's shipped config
+# at batch 4 ran 1.58x with every width screened against 1.71x without (docs/benchmarks.md, stop 52),
+# and a cold call of its head over 16-48 uncertain rows took 1.2-2.5x float32's time screened, where
+# 4-12 rows took 0.64-0.78x (ad hoc).
+MAX_ROWS = 8
+
+# Past this share of the head's rows among a call's candidates, float32 over the whole head is cheaper
+# than gathering them (rows the target is unsure of: at batch 4-16 a verify's rows after rejected
+# drafts kept 170-1000 candidates each in an ad hoc test, where batch 1's keep 18).
+MOST_OF_THE_HEAD = 1 / 8
+
+
+def screened_logits(flat: torch.Tensor, weight: torch.Tensor, largest: float, suppressed: tuple[torch.Tensor, ...] = (),
+                    full=None):
     """``(logits [R, V], (rows, tokens))``: ``flat [R, K] @ weight.T`` in bfloat16, with the
     candidates for each row's argmax (``rows[i]``, ``tokens[i]``) recomputed in float32; ``largest``
     is ``weight``'s largest row norm; with ``suppressed`` masks, the argmax over the tokens outside
-    each of them."""
+    each of them. Where the candidates span more than ``MOST_OF_THE_HEAD`` of the vocabulary, the
+    float32 logits of every token (``full(flat)``, or ``flat @ weight.T``)."""
     logits = torch.ops.mkldnn._linear_pointwise(flat.to(torch.bfloat16), packed_weight_bfloat16(weight), None,
                                                 "none", [], "").float()  # [R, V]
     margin = torch.linalg.vector_norm(flat, dim=1, keepdim=True) * (2 * error_factor(flat.shape[1]) * largest)  # [R, 1]
@@ -176,5 +193,8 @@ def screened_logits(flat: torch.Tensor, weight: torch.Tensor, largest: float, su
             allowed = logits.masked_fill(mask, -float("inf"))
             candidates |= allowed >= allowed.amax(1, keepdim=True) - margin
     at_row, token = candidates.nonzero(as_tuple=True)  # a CPU: no sync to avoid
-    logits[at_row, token] = (flat[at_row] * weight[token]).sum(-1)
+    tokens, slot = torch.unique(token, return_inverse=True)  # the head rows any row needs, once each
+    if tokens.numel() > MOST_OF_THE_HEAD * weight.shape[0]:
+        return (full(flat) if full is not None else flat @ weight.T), (at_row, token)
+    logits[at_row, token] = (flat @ weight[tokens].T)[at_row, slot]  # [R, u]: one float32 matmul
     return logits, (at_row, token)
