@@ -76,7 +76,7 @@ class CachedModel:
         if self.runner.packed_steps:
             pack(self.model, self.runner.matmul_precision)  # now, not in the first step the policies time
         # Greedy verifies of a float32 target: its LM head in bfloat16, the argmax's candidates in float32.
-        self.runner.screened_steps = (self.role == "target" and state.argmax_only and self.runner.packed_steps
+        self.runner.screened_steps = (self.role == "target" and state.screen_suppressed is not None and self.runner.packed_steps
                                       and screened_head.applies_to(self.model) and bool(screened_head.prepare(self.model)))
         self.runner.screen_suppressed = state.screen_suppressed if self.runner.screened_steps else ()
         self.runner.grouped_steps = (not self.runner.rereads and not self.runner.compiled_steps

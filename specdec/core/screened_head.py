@@ -9,8 +9,10 @@ packed). Greedy verification needs only each position's argmax. So, where the ve
 
 1. the logits of every token from bfloat16 copies of the head and of the rows (oneDNN, float32
    accumulation): half the bytes, 3.3-5.0 ms there;
-2. float32 dot products for the tokens whose bfloat16 logit is within ``2 * bound(row)`` of the
-   row's largest (1-5 tokens a row on SmolLM2), written over their bfloat16 values.
+2. float32 logits, from one matmul over the head rows they need, for the tokens whose bfloat16
+   logit is within ``2 * bound(row)`` of the row's largest (18 a row on SmolLM2, the median),
+   written over their bfloat16 values; where those rows are more than ``MOST_OF_THE_HEAD`` of the
+   vocabulary (a target unsure of its next token), float32 logits for every token instead.
 
 Why the argmax stays the target's. For a row ``x`` (K features) and a head row ``w_v``, rounding
 ``x`` and ``w_v`` to bfloat16 (8 significant bits, unit roundoff ``2^-8``) and adding the K products
@@ -18,7 +20,7 @@ in float32 in any order (unit roundoff ``u = 2^-24``, ``gamma_K = K u / (1 - K u
 ``(2^-7 + 2^-16 + gamma_K (1 + 2^-7 + 2^-16)) * sum_i |x_i w_vi|``, and ``sum_i |x_i w_vi| <=
 ||x|| ||w_v|| <= ||x|| max_v ||w_v||`` (Cauchy-Schwarz). ``bound(row)`` is that, plus ``2 gamma_K``
 of the same for the float32 logits that ``generate`` and the second pass compute, with 1% for the
-norms' own rounding (``ERROR_FACTOR``). A token outside the candidates has a bfloat16 logit more
+norms' own rounding (``error_factor``). A token outside the candidates has a bfloat16 logit more
 than ``2 * bound`` below the row's largest, so its float32 logit is below that largest token's:
 the argmax is among the candidates, decided on float32 logits as ``generate`` decides it. Ties
 closer than float32's rounding can fall either way, as between any two float32 matmul kernels
@@ -33,8 +35,9 @@ the first generated position, not after), so that the argmax after the processor
 wherever in the block that position falls (``suppression_masks``). Any other processor reads or
 changes the scores and turns the screen off.
 
-Only multi-row calls are screened, as only they are packed: a plain step at batch 1 stays
-``generate``'s own. Where bfloat16 runs a head's shape no faster on this CPU (timed once per
+Only calls of 2 to ``MAX_ROWS`` rows are screened: a plain step at batch 1 stays ``generate``'s
+own, as it stays unpacked, and batched verifies keep float32 (their unsure rows make the screen
+dearer than it saves). Where bfloat16 runs a head's shape no faster on this CPU (timed once per
 machine with the packed layers, ``packed_linear.bfloat16_at``; CPUs without AVX-512 BF16 or AMX
 emulate it), nothing changes. float64 targets, the exactness proofs' dtype, are never screened.
 """
@@ -112,23 +115,21 @@ def suppression_masks(processors, model: torch.nn.Module) -> tuple[torch.Tensor,
     request's logits processors: ``()`` without processors (all tokens), one ``[V]`` mask of
     suppressed tokens per case where they only suppress tokens (both cases of an at-begin set), None
     where some processor does anything else (no screen)."""
-    from transformers.generation.logits_process import SuppressTokensAtBeginLogitsProcessor, SuppressTokensLogitsProcessor
+    from .state import _CachedSuppression, _prepared_processor  # the masks the loop's processors apply
 
     if not processors:
         return ()
     weight = _head(model).weight
-    vocab, device = weight.shape[0], weight.device
-    always = torch.zeros(vocab, dtype=torch.bool, device=device)
+    always = torch.zeros(weight.shape[0], dtype=torch.bool, device=weight.device)
     at_begin = None
-    for processor in processors or ():
-        kind = type(processor)  # exact types: a subclass may do more
-        if kind is SuppressTokensLogitsProcessor:
-            always |= torch.isin(torch.arange(vocab, device=device), processor.suppress_tokens.to(device))
-        elif kind is SuppressTokensAtBeginLogitsProcessor:
-            tokens = torch.isin(torch.arange(vocab, device=device), processor.begin_suppress_tokens.to(device))
-            at_begin = tokens if at_begin is None else at_begin | tokens
-        else:
+    for processor in processors:
+        prepared = _prepared_processor(processor, weight.shape[0], weight.device)
+        if type(prepared) is not _CachedSuppression:
             return None
+        if prepared.at_begin:
+            at_begin = prepared.mask if at_begin is None else at_begin | prepared.mask
+        else:
+            always |= prepared.mask
     return (always,) if at_begin is None else (always, always | at_begin)
 
 
@@ -158,7 +159,7 @@ def _screened_forward(head: torch.nn.Linear, fallback, suppressed: tuple[torch.T
             or trial_width(rows) not in widths):
         return fallback(x)
     logits, _ = screened_logits(x.reshape(-1, features), weight, largest, suppressed,
-                                full=lambda flat: fallback(flat))
+                                full=fallback)
     return logits.view(*x.shape[:-1], logits.shape[-1])
 
 

@@ -99,11 +99,10 @@ class DecodeState:
     compile: frozenset = frozenset()
     # Multi-token steps of float32 CPU models on oneDNN-packed weights (core/packed_linear.py).
     packed_weights: bool = False
-    # Whether the verify's scores are read only for each position's argmax (a verifier that says so,
-    # ``Verifier.argmax_only``, and no logits processor but token suppression): the target's LM head
-    # may then be screened in bfloat16 (core/screened_head.py).
-    argmax_only: bool = False
-    # Then, the masks of tokens the processors may suppress (screened_head.suppression_masks).
+    # Where the verify's scores are read only for each position's argmax (a verifier that says so,
+    # ``Verifier.argmax_only``, and no logits processor but token suppression), so that the target's
+    # LM head may be screened in bfloat16 (core/screened_head.py): the masks of the tokens the
+    # processors may suppress (``screened_head.suppression_masks``; () for none). None elsewhere.
     screen_suppressed: tuple | None = None
     # Whether this iteration's verify reads the draft's first-position alternatives when it has them
     # (greedy decoding). A policy that prices them sets it at each lookahead (``cost-aware``: they
