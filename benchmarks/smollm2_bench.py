@@ -213,6 +213,8 @@ def contenders(run: str, target, head, heuristic_max: int, only=(), other_head=N
         found["specdec hidden_state cost-aware (compared head)"] = spec(HiddenStateDrafter(other_head), CostAwareLookahead())
         found[f"{behind} k=10/2 (compared head)"] = spec(behind_lookup(other_head), ConstantLookahead(k=10))
         found[f"{behind} cost-aware (compared head)"] = spec(behind_lookup(other_head), CostAwareLookahead())
+        found[f"{behind} cost-aware +3 alternatives (compared head)"] = spec(behind_lookup(other_head, alternatives=3),
+                                                                            CostAwareLookahead())
     return {name: go for name, go in found.items() if not only or name in only or name == "target"}
 
 

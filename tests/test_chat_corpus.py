@@ -9,9 +9,7 @@ from tests.test_speech_eval import BENCHMARKS, load
 
 # The held-out prompts' topics (benchmarks/smollm2_prompts.jsonl): a training prompt on any of them
 # would measure the head on what it was fitted to.
-HELDOUT_TOPICS = ["bicycle", "weather", "climate", "refrigerator", "dictionar", "triangular", "stack",
-                  "multiplication table", "kite", "key in", "coffee", "teapot", "honeybee", "bee ", "cholera",
-                  "remote work", "reef"]
+HELDOUT_TOPICS = load("chat_corpus").HELDOUT_TOPICS
 
 
 def heldout() -> list[dict]:
@@ -25,8 +23,35 @@ class TestGeneralPrompts:
         texts = [p["prompt"].lower() for p in prompts]
         assert len(texts) == len(set(texts)) > 1000
         assert not {p["prompt"] for p in heldout()} & {p["prompt"] for p in prompts}
+        # a few prompts on held-out topics are asked (the lists of stop 53 were answered so); build drops them
+        kept = [t for t in texts if not corpus.on_heldout_topic(t)]
+        assert len(texts) - len(kept) <= 10 and len(kept) > 1000
         for topic in HELDOUT_TOPICS:
-            assert not [t for t in texts if topic in t], topic
+            assert not [t for t in kept if topic in t], topic
+
+    def test_every_heldout_prompt_is_on_a_heldout_topic(self):
+        """The topic list covers the benchmark: a prompt added there needs its topic here."""
+        corpus = load("chat_corpus")
+        assert all(corpus.on_heldout_topic(p["prompt"]) for p in heldout())
+
+    def test_build_leaves_out_every_pair_on_a_heldout_topic(self, tmp_path, monkeypatch):
+        import transformers
+
+        class Template:  # only the chat template is read from the target's tokenizer here
+            def apply_chat_template(self, messages, tokenize=False):
+                return "\n".join(f"<{m['role']}>{m['content']}" for m in messages)
+
+        corpus = load("chat_corpus")
+        monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: Template())
+        monkeypatch.setattr(corpus, "stdlib_pairs", lambda rng: [
+            {"kind": "explain", "source": "inspect.stack", "prompt": "Explain what `inspect.stack` does.", "answer": "a"},
+            {"kind": "explain", "source": "json.dumps", "prompt": "Explain what `json.dumps` does.", "answer": "b"}])
+        monkeypatch.setattr(corpus, "package_pairs", lambda rng: [])
+        out = tmp_path / "corpus.jsonl"
+        counts = corpus.build("unused", out, self_count=0)
+        rows = [json.loads(line) for line in out.read_text().splitlines()]
+        assert [r["prompt"] for r in rows] == ["Explain what `json.dumps` does."] and counts == {"explain": 1}
+        assert rows[0]["text"] == "<user>Explain what `json.dumps` does.\n<assistant>b"
 
     def test_kinds_in_turn_and_deterministic(self):
         corpus = load("chat_corpus")
