@@ -751,6 +751,26 @@ class TestProbing:
         assert [i for i, d in enumerate(decisions) if d.probing] == [8, 9, 18, 19]
         assert all(d.k == 2 for d in decisions if d.probing)
 
+    def test_out_of_plain_steps_a_lone_timed_width_is_not_the_only_one_probed(self):
+        """With one speculative width timed, the drafting line runs through it and the plain step,
+        so the cheapest width always looks best; a probe drafts the initial k instead, and once a
+        second width is timed, the best speculative k again (prompt lookup under sampling, stop 54)."""
+        policy = fed(CostAwareLookahead(probe_rate=0.5, probe_backoff=1), 1, {0: 10.0, 1: 13.0})
+        alpha, budget = torch.tensor([0.2]), torch.tensor([100])
+        decisions = [policy.choose(1, alpha, budget) for _ in range(40)]
+        assert all(d.best_k == 0 for d in decisions)
+        probes = [d.k for d in decisions if d.probing]
+        assert probes and set(probes) == {4}  # the width timed (1) looked best, at 3 s a token
+        assert decisions[0].goodput[1] > decisions[0].goodput[4]
+        # k = 4 timed at 10.5 s: the line through the drafted cells is flat, and drafting 4 pays
+        policy = fed(CostAwareLookahead(probe_rate=0.5, probe_backoff=1), 1, {0: 10.0, 1: 13.0, 4: 10.5})
+        chosen = policy.choose(1, alpha, budget)
+        assert chosen.k == chosen.best_k == 4 and not chosen.probing
+        assert chosen.goodput[4] > chosen.goodput[0] > chosen.goodput[1]
+        # the initial k is the lone width: the probe goes two wider
+        policy = fed(CostAwareLookahead(probe_rate=0.5, probe_backoff=1, initial_k=1), 1, {0: 10.0, 1: 13.0})
+        assert {d.k for d in (policy.choose(1, alpha, budget) for _ in range(40)) if d.probing} == {3}
+
     def test_probes_that_confirm_the_choice_back_off(self):
         """Each probe that leaves the best k where it was halves the probe rate, down to
         probe_rate / probe_backoff."""

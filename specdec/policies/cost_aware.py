@@ -420,6 +420,10 @@ class CostFit:
         self._costs = (key, out)
         return out
 
+    def speculative_widths(self, floor: float = 1e-3) -> list[int]:
+        """The k >= 1 with a cell (weight above ``floor``): two or more give the drafting line a slope."""
+        return [k for k in self.weight if k > 0 and self.weight[k] > floor]
+
     def single(self) -> tuple[int, float] | None:
         """The one k observed (weight above zero) and its mean time, when there is exactly one."""
         cells = [k for k in self.weight if self.weight[k] > 1e-3]
@@ -894,8 +898,7 @@ class CostAwareLookahead(LookaheadPolicy):
             # fit (drafting dear there) ran 384 plain steps without a probe (docs/benchmarks.md,
             # stop 33). A drafted k's cells decay out after ~340 plain steps, and then it explores
             # again, as a batch size with no neighbour always did.
-            initial = self.initial_k if self.initial_k is not None else min(max(4, self.min_k), self.max_k)
-            k = 0 if single is not None and single[0] > 0 else initial
+            k = 0 if single is not None and single[0] > 0 else self.first_k
             return Decision(k=k, best_k=k, probing=True, batch=batch)
         warm = costs
         resume = self._catch_up(bucket_of(batch), first_read=False)
@@ -942,6 +945,7 @@ class CostAwareLookahead(LookaheadPolicy):
         drafting = max((kk for kk in gains if kk > 0), key=lambda kk: gains[kk])  # the best speculative k
         price = 1.0  # in plain steps: a probe while speculating replaces one iteration by another
         if best == 0:
+            drafting = self._untimed_width(batch, drafting)
             # Out of plain steps a probe drafts twice, the first time with the catch-up: it waits
             # for credit worth what both take beyond the plain steps they replace, so that probing
             # takes at most probe_rate of the time. At batch 16 on the bundled pair a probe took
@@ -974,6 +978,27 @@ class CostAwareLookahead(LookaheadPolicy):
                 k = best + 2 if best + 2 <= self.max_k else max(self.min_k, best - 2)
                 k = k if k != best else 0
         return Decision(k=k, best_k=best, probing=probing, batch=batch, costs=costs, goodput=gains)
+
+    @property
+    def first_k(self) -> int:
+        """The k a batch size explores first: ``initial_k``, or 4 within [min_k, max_k]."""
+        return self.initial_k if self.initial_k is not None else min(max(4, self.min_k), self.max_k)
+
+    def _untimed_width(self, batch: int, drafting: int) -> int:
+        """The k a probe out of plain steps drafts: ``drafting``, the best speculative k, unless it is
+        the only width this bucket has timed; then another, the initial k first. With a single
+        speculative cell the drafting line runs through it and the plain step's cell, so the fixed
+        price of drafting at all reads as a price per drafted token, and the cheapest width always
+        looks best: the probes timed that width again and again and the line never changed. Prompt
+        lookup under sampling at batch 1 on a Zen 4 EPYC timed only width 1, at 1.3 plain steps,
+        and took plain steps throughout (1.00x of the target) where drafting 5 cost 1.04 plain steps
+        and constant k = 5 ran 1.13x (docs/benchmarks.md, stop 54)."""
+        fit = self._fits.get(bucket_of(batch))
+        if fit is None or fit.speculative_widths() != [drafting]:
+            return drafting
+        if self.first_k != drafting:
+            return self.first_k
+        return drafting + 2 if drafting + 2 <= self.max_k else max(self.min_k, drafting - 2)
 
     def lookahead(self, state) -> torch.Tensor:
         return self.plan(state)
