@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from batch_trace import Traced  # noqa: E402
-from whisper_real_speed import EncoderClock, features_for, load_target, load_utterances  # noqa: E402
+from whisper_real_speed import DEFAULT_DRAFT, EncoderClock, features_for, load_target, load_utterances  # noqa: E402
 
 from specdec import SpeculativeDecoder  # noqa: E402
 from specdec.drafters import SharedEncoderDrafter  # noqa: E402
@@ -39,7 +39,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--audio-dir", type=Path, required=True, help="benchmarks/build_speech_eval.py's folder")
     parser.add_argument("--model", default="whisper-base", help="a name fetched into the cache, or a folder")
-    parser.add_argument("--draft", default=str(Path(__file__).resolve().parent.parent / "models/whisper-base-draft"))
+    parser.add_argument("--draft", type=Path, default=DEFAULT_DRAFT)
     parser.add_argument("--limit", type=int, default=16, help="the first N English utterances")
     parser.add_argument("--passes", type=int, default=2, help="timed passes, after one untimed utterance each")
     parser.add_argument("--ks", default="1,2,3", help="constant lookaheads beside cost-aware")

@@ -422,7 +422,7 @@ class CostFit:
 
     def speculative_widths(self, floor: float = 1e-3) -> list[int]:
         """The k >= 1 with a cell (weight above ``floor``): two or more give the drafting line a slope."""
-        return [k for k in self.weight if k > 0 and self.weight[k] > floor]
+        return [k for k, _, _ in self._cells(floor, speculative_only=True)]
 
     def single(self) -> tuple[int, float] | None:
         """The one k observed (weight above zero) and its mean time, when there is exactly one."""
@@ -975,7 +975,7 @@ class CostAwareLookahead(LookaheadPolicy):
             elif self._probes % 2:
                 k = 0
             else:
-                k = best + 2 if best + 2 <= self.max_k else max(self.min_k, best - 2)
+                k = self._two_away(best)
                 k = k if k != best else 0
         return Decision(k=k, best_k=best, probing=probing, batch=batch, costs=costs, goodput=gains)
 
@@ -996,9 +996,12 @@ class CostAwareLookahead(LookaheadPolicy):
         fit = self._fits.get(bucket_of(batch))
         if fit is None or fit.speculative_widths() != [drafting]:
             return drafting
-        if self.first_k != drafting:
-            return self.first_k
-        return drafting + 2 if drafting + 2 <= self.max_k else max(self.min_k, drafting - 2)
+        return self.first_k if self.first_k != drafting else self._two_away(drafting)
+
+    def _two_away(self, k: int) -> int:
+        """The other width a probe tries from ``k``: two wider, or two narrower at ``max_k`` (at
+        least ``min_k``; ``k`` itself where neither fits)."""
+        return k + 2 if k + 2 <= self.max_k else max(self.min_k, k - 2)
 
     def lookahead(self, state) -> torch.Tensor:
         return self.plan(state)
