@@ -7,7 +7,8 @@ row, so that k drafts commit ``(1 - alpha^(k+1)) / (1 - alpha)`` tokens. This me
 is from the real process: with a constant k, for every position j it counts the row-steps that
 reached j (all drafts before it accepted) and those that accepted j as well. A flat profile is what
 the model assumes; one that rises with j means accepted drafts come in runs, and the geometric
-model undervalues long drafts against short ones. Greedy, 16 held-out prompts, counts only (no timing).
+model undervalues long drafts against short ones. Greedy (``--sampled``: temperature 0.7, top-p 0.9 and
+rejection sampling, ``policy_grid.py``'s), 16 held-out prompts, counts only (no timing).
 
 It also reports how much the rows of a request differ (what ``cost-aware``'s ``history_strength``
 measures): per request, the variance of the rows' rates (accepted / (accepted + rejections)) less
@@ -35,6 +36,10 @@ from specdec.core.components import Observer  # noqa: E402
 from specdec.drafters import ModelDrafter, NGramDrafter  # noqa: E402
 from specdec.policies import ConstantLookahead  # noqa: E402
 from specdec.policies.cost_aware import expected_tokens  # noqa: E402
+from specdec.verifiers import GreedyVerifier, RejectionVerifier  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bundled_pair import generation_options  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 PAIR = ROOT / "models/python-pair"
@@ -45,7 +50,9 @@ parser.add_argument("--batch-sizes", default="1,4")
 parser.add_argument("--drafters", default="model,ngram")
 parser.add_argument("--prompts", type=int, default=16)
 parser.add_argument("--max-new-tokens", type=int, default=64)
+parser.add_argument("--sampled", action="store_true", help="temperature 0.7, top-p 0.9 (policy_grid.py's)")
 args = parser.parse_args()
+sampling = generation_options(args.sampled)
 
 
 class PositionCounts(Observer):
@@ -105,10 +112,11 @@ for name in args.drafters.split(","):
     for batch_size in (int(b) for b in args.batch_sizes.split(",")):
         counts = PositionCounts()
         decoder = SpeculativeDecoder(target=target, drafter=drafters[name](), policy=ConstantLookahead(k=args.k),
-                                     observers=[counts])
+                                     verifier=RejectionVerifier() if args.sampled else GreedyVerifier(), observers=[counts])
+        generator = torch.Generator().manual_seed(0)
         for i in range(0, len(prompts), batch_size):
             batch = tokenizer(prompts[i : i + batch_size], return_tensors="pt", padding=True)
-            decoder.generate(**batch, max_new_tokens=args.max_new_tokens, do_sample=False)
+            decoder.generate(**batch, max_new_tokens=args.max_new_tokens, generator=generator, **sampling)
         rates = [counts.accepted[j] / counts.reached[j] if counts.reached[j] else float("nan") for j in range(1, args.k + 1)]
         # What a row commits at each k: measured (from the conditional rates) and geometric at the
         # truncation-aware alpha cost-aware would fit (accepted / (accepted + rejections)).
