@@ -1,7 +1,7 @@
 """Batch 1 on the bundled pair: does a row's acceptance estimate in ``cost-aware`` say anything?
 
     OMP_NUM_THREADS=1 python benchmarks/acceptance_calibration.py --drafter model --sampled --prompts 24 \
-        [--max-new-tokens 128] [--options recent_lean=96 alpha_decay=0.97]
+        [--max-new-tokens 128] [--options prior_strength=96 alpha_decay=0.97]
 
 Runs ``cost-aware`` (with ``--options``) prompt by prompt, and for every drafted iteration records
 the acceptance the policy read for the row when it chose k (``_row_alphas``), the pooled acceptance
@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bundled_pair import add_run_arguments, bundled_decoder, generation_options, load_bundled_pair  # noqa: E402
 
 from specdec.config import parse_options  # noqa: E402
+from specdec.errors import ConfigError  # noqa: E402
 from specdec.policies import CostAwareLookahead  # noqa: E402
 from specdec.policies.cost_aware import generated_bucket  # noqa: E402
 
@@ -44,9 +45,12 @@ def main():
     add_run_arguments(parser, prompts=24, passes=1)
     parser.add_argument("--options", nargs="*", default=[], help="cost-aware options, name=value")
     args = parser.parse_args()
+    try:  # before the models load: a mistyped option is an error at once, not after them
+        policy = CostAwareLookahead(**parse_options("policy", "cost-aware", args.options, "--options"))
+    except (ConfigError, ValueError) as exc:  # a name it does not have, or a value its validators refuse
+        parser.error(str(exc))
     torch.set_num_threads(1)
     target, tokenizer, draft, prompts = load_bundled_pair()
-    policy = CostAwareLookahead(**parse_options("policy", "cost-aware", args.options, "--options"))
     records, chosen = [], {}
     plan, on_step = policy.plan, policy.on_step
 

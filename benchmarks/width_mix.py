@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bundled_pair import add_run_arguments, bundled_decoder, generation_options, load_bundled_pair  # noqa: E402
 
 from specdec.config import parse_options  # noqa: E402
+from specdec.errors import ConfigError  # noqa: E402
 from specdec.core.components import LookaheadPolicy  # noqa: E402
 from specdec.observers.phases import PHASES, PhaseTimes  # noqa: E402
 from specdec.policies import ConstantLookahead, CostAwareLookahead  # noqa: E402
@@ -51,12 +52,15 @@ def main():
     parser.add_argument("--cycles", nargs="*", default=[], help="widths cycled through, e.g. 3/5")
     parser.add_argument("--variants", nargs="*", default=[], help="more cost-aware contenders, name=value[,name=value]")
     args = parser.parse_args()
+    policies = {"cost-aware": CostAwareLookahead()}
+    try:  # before the models load: a mistyped variant is an error at once, not after them
+        for variant in args.variants:
+            policies[f"cost-aware {variant}"] = CostAwareLookahead(**parse_options("policy", "cost-aware", variant.split(","), "--variants"))
+    except (ConfigError, ValueError) as exc:  # a name it does not have, or a value its validators refuse
+        parser.error(str(exc))
     torch.set_num_threads(1)
     target, tokenizer, draft, prompts = load_bundled_pair()
     sampling = generation_options(args.sampled)
-    policies = {"cost-aware": CostAwareLookahead()}
-    for variant in args.variants:
-        policies[f"cost-aware {variant}"] = CostAwareLookahead(**parse_options("policy", "cost-aware", variant.split(","), "--variants"))
     for k in args.ks.split(","):
         policies[f"k={k}"] = ConstantLookahead(k=int(k))
     for cycle in args.cycles:
