@@ -315,9 +315,13 @@ class TestChoice:
         fed(policy, 64, {3: 20.0}, repeats=1)  # its own drafted k: now a fit of its own decides
         decision = policy.choose(64, alpha, budget)
         assert not decision.probing and decision.costs[3] == pytest.approx(20.0)
-        # A drafted k's cells that decay out (~340 plain steps at decay 0.98) are explored again.
+        # A drafted k's cells that decay out are explored again: ~1,400 plain steps at the default
+        # decay (0.995), not after a few hundred, where its cells still price the choice.
+        fed(policy, 64, {0: 12.0}, repeats=1200)
+        assert policy.choose(64, alpha, budget).costs is not None
         fed(policy, 64, {0: 12.0}, repeats=400)
-        assert policy.choose(64, alpha, budget).k == 3
+        decision = policy.choose(64, alpha, budget)
+        assert (decision.k, decision.probing, decision.costs) == (3, True, None)
 
 
 class TestTiming:
