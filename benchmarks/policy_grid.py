@@ -79,6 +79,9 @@ def main():
     args = parser.parse_args()
     torch.manual_seed(0)
     target, tokenizer, draft, prompts = load_bundled_pair()
+    most = max(args.num_prompts, args.batch1_prompts)
+    if most > len(prompts):
+        parser.error(f"--num-prompts/--batch1-prompts {most}: the bundled pair has {len(prompts)} prompts")
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     ks = [int(k) for k in args.ks.split(",")]
     if args.decisions:
