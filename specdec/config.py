@@ -178,7 +178,7 @@ class SpecdecConfig:
         return cls(
             target=target,
             drafter=component("drafter", None),
-            policy=component("policy", "constant"),
+            policy=component("policy", "cost-aware"),
             verifier=component("verifier", "greedy"),
             observers=observers,
             sampling=sampling,

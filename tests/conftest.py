@@ -12,6 +12,7 @@ import torch
 from transformers import GenerationConfig, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from specdec.core import packed_linear
+from specdec.core.model_cache import cache_root
 from specdec.observers import Observer
 
 # The test machines share two cores: under contention torch's default thread pool makes these
@@ -49,6 +50,19 @@ def pin_packing(monkeypatch, start: int | None = 4, smallest: int = 3 << 18, one
     monkeypatch.setattr(packed_linear, "_recorded", lambda: {})  # never what this machine measured before
     monkeypatch.setattr(packed_linear, "_record", lambda key, times: None)
     monkeypatch.setattr(packed_linear, "MIN_WEIGHT", min(packed_linear.MIN_WEIGHT, smallest))
+
+
+@pytest.fixture(autouse=True)
+def policy_memory_kept_per_test(monkeypatch, tmp_path_factory):
+    """``specdec generate`` and ``transcribe`` keep ``cost-aware``'s memory (the default policy) in
+    specdec's cache: each test gets a cache of its own, so that no test reads what another measured
+    (or writes into the user's cache), with the models folder linked to the real one so that tests of
+    fetched checkpoints still find them."""
+    real = cache_root()
+    root = tmp_path_factory.mktemp("specdec-cache")
+    if real.is_dir():
+        (root / "models").symlink_to(real, target_is_directory=True)
+    monkeypatch.setenv("SPECDEC_CACHE", str(root))
 
 
 @pytest.fixture(autouse=True)

@@ -338,13 +338,28 @@ class TestGenerateOptions:
 
     def test_sampling_with_a_seed_is_reproducible_and_uses_rejection(self, pair):
         args = ["generate", "import os", "-c", str(pair), "-n", "12", "--temperature", "0.8", "--top-p", "0.9",
-                "--seed", "3", "--json"]
+                "--seed", "3", "--json", "--policy", "constant"]
         first, second = runner.invoke(app, args), runner.invoke(app, args)
         assert first.exit_code == 0, first.output
+        assert "note:" not in first.stderr
         one, two = json.loads(first.stdout), json.loads(second.stdout)
         assert one["outputs"] == two["outputs"]
         assert one["components"]["verifier"]["name"] == "rejection"
         assert one["sampling"] == {"do_sample": True, "temperature": 0.8, "top_p": 0.9} and one["seed"] == 3
+
+    def test_a_seed_with_the_default_policy_says_what_it_fixes(self, pair):
+        """cost-aware (the default) chooses k from timings, and a row's draws depend on k: the seeded
+        run is a valid sample, but not the same text every time, and the user is told so."""
+        default = pair.with_name("default-policy.toml")  # the pair's config without its [policy] table
+        default.write_text(pair.read_text().split("[policy]")[0])
+        result = runner.invoke(app, ["generate", "import os", "-c", str(default), "-n", "6", "--temperature", "0.8",
+                                     "--seed", "3", "--json"])
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.stdout)["components"]["policy"]["name"] == "cost-aware"
+        assert "note: cost-aware chooses k from measured times" in result.stderr
+        assert "--policy constant reproduces it exactly" in result.stderr
+        greedy = runner.invoke(app, ["generate", "import os", "-c", str(default), "-n", "6", "--seed", "3"])
+        assert greedy.exit_code == 0 and "note:" not in greedy.stderr  # greedy output does not depend on k
 
     def test_top_k_reaches_the_request(self, pair):
         """--top-k 1 leaves one token to sample: the text is the greedy one, whatever the seed."""

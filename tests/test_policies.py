@@ -328,3 +328,23 @@ def test_the_batch_cap_is_read_from_a_plugins_toml(tmp_path):
     toml.write_text('[target]\nmodel = "unused"\n[drafter]\nuse = "ngram"\n[policy]\nuse = "constant"\nmax_batch = 0\n')
     with pytest.raises(ConfigError, match=r"plugins.toml.*'max_batch' must be >= 1"):
         SpecdecConfig.from_toml(toml).build_components()
+
+
+def test_the_default_policy_is_cost_aware_and_exact(target, draft_model, tmp_path):
+    """Neither a decoder built in Python nor a config without [policy] names a policy: both get
+    cost-aware, whose k follows timings; greedy output stays the target's whatever it chooses."""
+    from specdec.config import SpecdecConfig
+    from specdec.policies import CostAwareLookahead
+
+    decoder = SpeculativeDecoder(target=target, drafter=ModelDrafter(draft_model))
+    assert isinstance(decoder.policy, CostAwareLookahead)
+    input_ids, mask = left_padded(PROMPTS)
+    for _ in range(2):  # the second request starts from what the first measured
+        out = decoder.generate(input_ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False)
+        expected = target.generate(input_ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False)
+        assert torch.equal(out.sequences, expected)
+    config = tmp_path / "plugins.toml"
+    config.write_text('[target]\nmodel = "target"\n\n[drafter]\nuse = "ngram"\n')
+    spec = SpecdecConfig.from_toml(config)
+    assert spec.policy.use == "cost-aware" and spec.policy.options == {}
+    assert isinstance(spec.build_components()[1], CostAwareLookahead)

@@ -127,7 +127,7 @@ def generate(
     temperature: Optional[float] = typer.Option(None, "--temperature", "-t", min=0.0, help="Sample at this temperature (0: greedy); picks the rejection verifier unless --verifier is given"),
     top_p: Optional[float] = typer.Option(None, "--top-p", min=0.0, max=1.0, help="Nucleus sampling threshold (needs sampling)"),
     top_k: Optional[int] = typer.Option(None, "--top-k", min=0, help="Sample among the K most likely tokens (needs sampling; 0: no cut; unset: the model's or transformers' default, 50)"),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Seed for sampling, for a reproducible run"),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Seed for sampling: a reproducible run with a policy whose k does not follow timings (--policy constant)"),
     trace: Optional[Path] = typer.Option(None, "--trace", help="Write a JSONL trace of every iteration to this file"),
     as_json: bool = typer.Option(False, "--json", help="Print machine-readable JSON (texts, stats, components) instead of text"),
     chat: bool = typer.Option(False, "--chat", help="Send each prompt as a user turn through the tokenizer's chat template; print only the answer"),
@@ -175,6 +175,11 @@ def generate(
                 spec = spec.with_choices(policy_options={"weights": str(bundled)})
                 stderr_console().print(f"[dim]policy classifier: the bundled pair's weights, {bundled}[/]")
         spec = with_policy_memory(spec, sampling)
+        if seed is not None and sampling.get("do_sample") and canonical(spec.policy.use) == "cost-aware":
+            # The draws a row takes depend on the k of each iteration, and cost-aware chooses k from
+            # timings: the seed fixes the sampler, not the text (its distribution is the same).
+            stderr_console().print("[dim]note: cost-aware chooses k from measured times, so a seeded sampled run can "
+                                   "differ between runs; --policy constant reproduces it exactly[/]")
         # Every option is checked before a model is loaded: a mistake costs no waiting.
         for component in (spec.drafter, spec.policy, spec.verifier, *spec.observers):
             try:

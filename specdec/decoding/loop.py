@@ -21,7 +21,7 @@ from ..core.types import DecodeOutput, Draft, Step
 from ..errors import ConfigError
 from ..observers.phases import PhaseTimes
 from ..observers.stats import StatsObserver
-from ..policies.constant import ConstantLookahead
+from ..policies.cost_aware import CostAwareLookahead
 from ..verifiers.greedy import GreedyVerifier
 from . import custom_generate
 from .request import prepare_request, split_encoder_inputs
@@ -82,7 +82,10 @@ class SpeculativeDecoder:
 
     target: PreTrainedModel = attrs.field(validator=_target_model)
     drafter: Drafter = attrs.field(validator=_is_a(Drafter, "drafter"))
-    policy: LookaheadPolicy = attrs.field(factory=ConstantLookahead, validator=_is_a(LookaheadPolicy, "lookahead policy"))
+    # cost-aware by default: it measures what drafting costs here and takes plain target steps where
+    # it does not pay, so turning specdec on never makes decoding much slower; a constant k = 5 ran
+    # 0.61-0.99x of the target in four of the bundled pair's sampled cells (docs/benchmarks.md, stop 58).
+    policy: LookaheadPolicy = attrs.field(factory=CostAwareLookahead, validator=_is_a(LookaheadPolicy, "lookahead policy"))
     verifier: Verifier = attrs.field(factory=GreedyVerifier, validator=_is_a(Verifier, "verifier"))
     observers: list[Observer] = attrs.field(factory=list, converter=list, validator=_observers)
     # End a draft loop once the policy has stopped every row: one host sync per draft position. None
