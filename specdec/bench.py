@@ -347,18 +347,29 @@ def run_bench(
 
             packed_base = _Contender("target alone, packed weights", target_packed)
             contenders.append(packed_base)
+        # Transformers' assisted generation for each drafter, in the settings nearest each policy's: a
+        # constant k (5 for a policy without one, as cost-aware), the heuristic schedule for heuristic.
+        # One contender per distinct setting, labelled with what it runs: cost-aware and constant k = 5
+        # share one, which two contenders would only time twice.
         assisted_of: dict[tuple[str, str], _Contender] = {}
+        assisted_by_setting: dict[str, _Contender] = {}
         for (drafter, policy), decoder in decoders.items() if assisted else ():
             k = getattr(decoder.policy, "k", getattr(decoder.policy, "initial", 5))
             hf_kwargs = {}
             if drafter == "model" and draft_model is not None:
                 hf_kwargs["assistant_model"] = draft_model
+                schedule = "heuristic" if policy == "heuristic" else "constant"
                 settings = dict(num_assistant_tokens=k, assistant_confidence_threshold=0.0,
-                                num_assistant_tokens_schedule="heuristic" if policy == "heuristic" else "constant")
+                                num_assistant_tokens_schedule=schedule)
+                label = f"transformers assisted (model, k={k}, {schedule} schedule)"
             elif drafter == "ngram":
                 hf_kwargs["prompt_lookup_num_tokens"] = k
                 settings = {}
+                label = f"transformers assisted (ngram, k={k})"
             else:
+                continue
+            if label in assisted_by_setting:
+                assisted_of[(drafter, policy)] = assisted_by_setting[label]
                 continue
 
             def assisted_run(i, hf_kwargs=hf_kwargs, settings=settings):
@@ -368,8 +379,8 @@ def run_bench(
                 outs = [target.generate(**r, pad_token_id=pad, **generate_kwargs, **hf_kwargs) for r in rows]
                 return [_new_token_rows(o, r["input_ids"].shape[1], eos)[0] for o, r in zip(outs, rows)], outs
 
-            assisted_of[(drafter, policy)] = _Contender(f"transformers assisted ({drafter}, {policy})", assisted_run)
-        contenders += assisted_of.values()
+            assisted_of[(drafter, policy)] = assisted_by_setting[label] = _Contender(label, assisted_run)
+        contenders += assisted_by_setting.values()
         specdec_of: dict[tuple[str, str], _Contender] = {}
         for (drafter, policy), decoder in decoders.items():
 
@@ -406,7 +417,7 @@ def run_bench(
                                     identical_rows=identical, exact=None if identical is None else identical == 1.0,
                                     rows=len(packed_base.rows), repeats=p["repeats"]))
         note = "" if batch_size == 1 else "row by row: transformers refuses batch > 1"
-        for contender in assisted_of.values():
+        for contender in assisted_by_setting.values():
             a = summary(contender)
             speedup, low, high = _spread(a["paired"])
             results.append(BenchRow(batch_size, contender.label, a["seconds"], a["new_tokens"], a["tokens_per_s"], speedup,

@@ -178,13 +178,33 @@ class TestBench:
         payload = json.loads(out.read_text())
         methods = {(r["batch_size"], r["method"]) for r in payload["results"]}
         assert (1, "target alone") in methods and (2, "specdec (ngram, constant)") in methods
-        assert (1, "transformers assisted (model, constant)") in methods
+        assert (1, "transformers assisted (model, k=3, constant schedule)") in methods  # the pair's constant k = 3
+        assert (1, "transformers assisted (ngram, k=3)") in methods
         specdec_rows = [r for r in payload["results"] if r["method"].startswith("specdec")]
         assert specdec_rows and all(r["exact"] for r in specdec_rows)
         assert all(r["rows"] == 2 for r in specdec_rows)  # at batch 1 both batches of a repeat, not the first alone
         assert all(r["ideal_speedup"] is not None for r in specdec_rows)
         assisted_b2 = [r for r in payload["results"] if r["batch_size"] == 2 and r["method"].startswith("transformers")]
         assert assisted_b2 and all("row by row" in r["note"] for r in assisted_b2)
+
+    def test_policies_that_run_the_same_assisted_setting_share_its_contender(self, pair, tmp_path):
+        """cost-aware has no k of its own: assisted generation runs at k = 5 for it, as for constant
+        k = 5, so one contender, labelled with that setting, is timed once and compared with both."""
+        config = pair.with_name("k5.toml")
+        config.write_text(pair.read_text().replace("k = 3", "k = 5"))
+        out = tmp_path / "bench.json"
+        result = runner.invoke(
+            app,
+            ["bench", "-c", str(config), "--batch-sizes", "1", "--num-prompts", "2", "--max-new-tokens", "6",
+             "--repeats", "1", "--warmup", "0", "--drafters", "model", "--policies", "constant,cost-aware",
+             "--out", str(out)],
+        )
+        assert result.exit_code == 0, result.output
+        rows = json.loads(out.read_text())["results"]
+        assert [r["method"] for r in rows if r["method"].startswith("transformers")] == [
+            "transformers assisted (model, k=5, constant schedule)"]
+        specdec_rows = [r for r in rows if r["method"].startswith("specdec")]
+        assert len(specdec_rows) == 2 and all(r["speedup_vs_assisted"] is not None for r in specdec_rows)
 
     def test_sampled_bench_uses_rejection_and_skips_exactness(self, pair, tmp_path):
         out = tmp_path / "bench.json"
