@@ -26,20 +26,17 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from batch_trace import Traced  # noqa: E402
-from whisper_real_speed import DEFAULT_DRAFT, EncoderClock, features_for, load_target, load_utterances  # noqa: E402
+from whisper_real_speed import add_pair_arguments, EncoderClock, load_pair_and_speech  # noqa: E402
 
 from specdec import SpeculativeDecoder  # noqa: E402
 from specdec.drafters import SharedEncoderDrafter  # noqa: E402
-from specdec.drafters.shared_encoder_draft import load_shared_encoder_draft  # noqa: E402
 from specdec.policies import ConstantLookahead  # noqa: E402
 from specdec.whisper import WhisperSpeculativeDecoder  # noqa: E402
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--audio-dir", type=Path, required=True, help="benchmarks/build_speech_eval.py's folder")
-    parser.add_argument("--model", default="whisper-base", help="a name fetched into the cache, or a folder")
-    parser.add_argument("--draft", type=Path, default=DEFAULT_DRAFT)
+    add_pair_arguments(parser)
     parser.add_argument("--limit", type=int, default=16, help="the first N English utterances")
     parser.add_argument("--passes", type=int, default=2, help="timed passes, after one untimed utterance each")
     parser.add_argument("--ks", default="1,2,3", help="constant lookaheads beside cost-aware")
@@ -49,11 +46,7 @@ def main() -> None:
     if args.passes < 1 or args.limit < 1 or any(k < 0 for k in ks):
         parser.error("--passes and --limit must be at least 1, every k >= 0")
 
-    torch.set_num_threads(1)
-    target, processor = load_target(args.model)
-    draft = load_shared_encoder_draft(args.draft, target)
-    rows = load_utterances(args.audio_dir, args.limit)
-    features = [features_for(processor, [row], args.audio_dir) for row in rows]
+    target, draft, features = load_pair_and_speech(args)
     traced = Traced(max_k=args.max_k)
     traced.log = []
 
@@ -81,7 +74,7 @@ def main() -> None:
                     encoder[name] += clock.seconds - encoded
                 turn += 1
     decoder = {name: wall[name] - encoder[name] for name in names}
-    print(f"{len(rows)} utterances x {args.passes} passes, batch 1, greedy, one thread")
+    print(f"{len(features)} utterances x {args.passes} passes, batch 1, greedy, one thread")
     for name in names:
         print(f"{name:>16}: decoder {decoder[name]:6.2f} s, {decoder['base'] / decoder[name]:.3f}x of base; "
               f"end to end {wall[name]:6.2f} s, {wall['base'] / wall[name]:.3f}x")

@@ -85,6 +85,26 @@ from specdec.whisper import WhisperSpeculativeDecoder  # noqa: E402
 DEFAULT_DRAFT = ROOT / "models" / "whisper-base-draft"
 
 
+def add_pair_arguments(parser) -> None:
+    """--audio-dir, --model and --draft: the speech, the target and its draft, as every real-Whisper
+    benchmark here takes them."""
+    parser.add_argument("--audio-dir", type=Path, required=True, help="benchmarks/build_speech_eval.py's folder")
+    parser.add_argument("--model", default="whisper-base", help="a name fetched into the cache, or a folder")
+    parser.add_argument("--draft", type=Path, default=DEFAULT_DRAFT)
+
+
+def load_pair_and_speech(args):
+    """One thread, then the target, its shared-encoder draft and the first ``args.limit`` English
+    utterances' features, one batch each: (target, draft, features)."""
+    from specdec.drafters.shared_encoder_draft import load_shared_encoder_draft
+
+    torch.set_num_threads(1)
+    target, processor = load_target(args.model)
+    draft = load_shared_encoder_draft(args.draft, target)
+    rows = load_utterances(args.audio_dir, args.limit)
+    return target, draft, [features_for(processor, [row], args.audio_dir) for row in rows]
+
+
 def load_target(name: str):
     from transformers import WhisperForConditionalGeneration, WhisperProcessor
 
@@ -327,9 +347,7 @@ def memory_of(args, name: str) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--audio-dir", type=Path, required=True)
-    parser.add_argument("--model", default="whisper-base", help="a name fetched into the cache, or a folder")
-    parser.add_argument("--draft", type=Path, default=DEFAULT_DRAFT)
+    add_pair_arguments(parser)
     parser.add_argument("--draft2", type=Path, help="another shared-encoder draft: the specdec-draft2 contender")
     parser.add_argument("--head", help="hidden-state heads for base (specdec drafter train-whisper), "
                         "comma-separated: the specdec-head contenders")
