@@ -20,9 +20,11 @@ from specdec import ConfigError, InputError, SpeculativeDecoder
 from specdec.core.models import CausalLMRunner, RereadingRunner, runner_for
 from specdec.drafters import ModelDrafter, NGramDrafter
 from specdec.errors import RereadWarning
-from specdec.policies import ConstantLookahead, HeuristicLookahead
+from specdec.policies import ConstantLookahead, CostAwareLookahead, HeuristicLookahead
 
 from .architectures import FAMILIES, VOCAB, ragged_batch, reference_generate, tiny_family_model, tiny_model
+from .conftest import Recorder
+from .test_cost_aware import Ticks
 
 NEW_TOKENS = 24
 
@@ -95,9 +97,17 @@ def test_a_reread_model_is_not_run_with_a_cache_by_mistake():
 def _exactness_params():
     for family in FAMILIES:
         for drafter in ("model", "ngram"):
-            for policy in ("constant", "heuristic"):
+            for policy in ("constant", "heuristic", "cost-aware"):
                 for case in CASES:
                     yield pytest.param(family, drafter, policy, case, id=f"{family}-{drafter}-{policy}-{case}")
+
+
+def _cost_aware() -> CostAwareLookahead:
+    """The default policy on a fake clock that prices drafting cheap, with a probe every 4th
+    iteration: its k moves between plain steps (k = 0) and several widths, the same in every run."""
+    clock = Ticks(lambda k: 1.0 + 0.1 * k)
+    clock.policy = CostAwareLookahead(clock=clock, probe_rate=0.25, max_k=6)
+    return clock.policy
 
 
 @pytest.mark.parametrize("family, drafter, policy, case", list(_exactness_params()))
@@ -105,10 +115,15 @@ def test_family_exact(family, drafter, policy, case):
     target = tiny_family_model(family)
     ids, mask = _inputs(case)
     drafter_ = ModelDrafter(tiny_family_model(family, draft=True)) if drafter == "model" else NGramDrafter(max_ngram=3)
-    policy_ = ConstantLookahead(k=4) if policy == "constant" else HeuristicLookahead()
-    decoder = SpeculativeDecoder(target=target, drafter=drafter_, policy=policy_)
+    policy_ = {"constant": lambda: ConstantLookahead(k=4), "heuristic": HeuristicLookahead,
+               "cost-aware": _cost_aware}[policy]()
+    recorder = Recorder()
+    decoder = SpeculativeDecoder(target=target, drafter=drafter_, policy=policy_, observers=[recorder])
     out = decoder.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS)
     assert torch.equal(out.sequences, _reference(family, case))
+    if policy == "cost-aware" and drafter == "model":  # plain steps mixed with drafted widths
+        widths = {step.draft.width for step in recorder.steps}
+        assert 0 in widths and len(widths) >= 3, widths
 
 
 @pytest.mark.parametrize("draft", ["chain", "tree"])
