@@ -31,9 +31,12 @@ from specdec.training.whisper_draft import (
     choose_token_map,
     distill_whisper_draft,
     read_utterances,
+    reference_ids,
     special_tokens,
+    teacher_logits,
     teacher_pass,
 )
+from specdec.errors import InputError
 from specdec.whisper import WhisperSpeculativeDecoder
 
 from .tiny_whisper import EOT, NO_TIMESTAMPS, SOT, features, processor, tiny_whisper, tone_utterances, train_command
@@ -138,6 +141,80 @@ class TestDistillation:
         whisper = WhisperSpeculativeDecoder(decoder)
         assert torch.equal(whisper.generate(x, language="en", max_new_tokens=20),
                            target.generate(x, language="en", max_new_tokens=20))
+
+
+def spoken_texts(root, texts):
+    """A copy of ``root``'s utterances.json (absolute paths) whose rows say ``texts``: the references."""
+    rows = json.loads((root / "utterances.json").read_text())
+    for row, text in zip(rows, texts):
+        row["file"] = str(root / row["file"])
+        row["text"] = text
+    listing = root.parent / f"{root.name}-texts"
+    listing.mkdir(exist_ok=True)
+    (listing / "utterances.json").write_text(json.dumps(rows))
+    return listing
+
+
+TEXTS = ["hello there", "a b c", "the cat sat", "yes", "one two three four", "ok then"]
+
+
+class TestReferenceLabels:
+    """``labels="reference"``: the draft is trained along utterances.json's texts, with the target's
+    choice after each prefix as its cross-entropy target, and no ``generate`` in the teacher pass."""
+
+    def test_the_choices_along_the_targets_own_transcript_are_its_transcript(self, target, audio_dir):
+        """The teacher-forced choice (suppressed tokens left out) is what ``generate`` said: the two
+        label sources teach the same thing, the target's own next token."""
+        data = teacher_pass(target, processor(), read_utterances(audio_dir), batch_size=3)
+        token_map = torch.arange(target.config.vocab_size)
+        for label, scores in zip(data.labels, teacher_logits(target, data, token_map, batch_size=3)):
+            # The last label is eot, the target's own unless the transcript ran into the length limit.
+            after_prompt = slice(data.prompt_length - 1, -1)
+            assert scores.choice[after_prompt].tolist() == label[1:][after_prompt]
+            assert scores.top_ids.shape == (len(label) - 1, 64) and scores.top_logits.dtype == torch.float16
+            assert (scores.top_ids[:, 0] == scores.choice).all()  # the map is the whole vocabulary here
+
+    def test_the_teacher_pass_reads_the_texts_and_runs_no_generate(self, target, audio_dir, monkeypatch):
+        listing = spoken_texts(audio_dir, TEXTS)
+        utterances = read_utterances(listing)
+        plain = teacher_pass(target, processor(), utterances, batch_size=3)
+        monkeypatch.setattr(type(target), "generate", lambda *a, **k: pytest.fail("generate ran"))
+        data = teacher_pass(target, processor(), utterances, batch_size=3, labels="reference")
+        prompt = plain.labels[0][: data.prompt_length]
+        for label, text in zip(data.labels, TEXTS):
+            assert label == prompt + reference_ids(processor(), text) + [EOT]
+        assert torch.equal(data.encoder_states, plain.encoder_states)
+
+    def test_a_cache_keeps_the_two_label_sources_apart(self, target, audio_dir, tmp_path):
+        utterances = read_utterances(spoken_texts(audio_dir, TEXTS))
+        cache = tmp_path / "teacher.pt"
+        plain = cached_teacher_pass(target, processor(), utterances, cache, batch_size=3)
+        reference = cached_teacher_pass(target, processor(), utterances, cache, batch_size=3, labels="reference")
+        assert reference.labels != plain.labels
+        assert cached_teacher_pass(target, processor(), utterances, cache, batch_size=3).labels == plain.labels
+
+    def test_distills_and_measures_against_the_targets_choices(self, target, audio_dir, tmp_path):
+        report = distill_whisper_draft(target, processor(), spoken_texts(audio_dir, TEXTS), tmp_path / "d",
+                                       layers=[1], vocab=300, epochs=6, batch_size=3, lr=3e-3, holdout=0.34,
+                                       labels="reference")
+        assert np.mean(report.losses[-2:]) < 0.8 * np.mean(report.losses[:2]), report.losses
+        assert 0.0 <= report.heldout_top1 <= 1.0
+        with safe_open(str(tmp_path / "d" / FILE_NAME), framework="pt") as handle:
+            assert handle.metadata()["labels"] == "reference"
+
+    def test_an_utterance_without_a_text_is_named(self, target, audio_dir, tmp_path):
+        listing = spoken_texts(audio_dir, ["hello", "", "a", "b", "c", "d"])
+        with pytest.raises(InputError, match=r"needs a text .* u1\.wav"):
+            distill_whisper_draft(target, processor(), listing, tmp_path / "d", layers=[1], vocab=300, epochs=1,
+                                  batch_size=3, labels="reference", cache=tmp_path / "t.pt")
+        assert not (tmp_path / "d").exists() and not (tmp_path / "t.pt").exists()
+
+    def test_an_unknown_label_source_is_refused(self, target, audio_dir, tmp_path):
+        with pytest.raises(InputError, match="labels must be one of generate, reference, got 'gold'"):
+            teacher_pass(target, processor(), read_utterances(audio_dir), labels="gold")
+        result = train_command("distill-whisper", target, audio_dir, tmp_path / "o", tmp_path, "--labels", "gold")
+        assert result.exit_code == 2 and "--labels must be one of generate, reference" in result.output
+        assert not (tmp_path / "o").exists()
 
 
 class TestChooseTokenMap:

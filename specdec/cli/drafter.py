@@ -113,11 +113,13 @@ def distill_whisper(
     train_cross_kv: bool = typer.Option(False, help="Also train the cross-attention key/value projections (3x slower)."),
     cache: Optional[Path] = typer.Option(None, help="Keep the teacher pass (encoder outputs, pseudo-labels) in this file."),
     teacher_batch_size: int = typer.Option(0, help="Utterances per batch of the teacher pass (0: --batch-size)."),
+    labels: str = typer.Option("generate", help="Train along the target's own transcripts (generate) or along "
+                               "utterances.json's texts (reference: no generate, a third of the teacher pass's time)."),
     threads: int = typer.Option(0, help="torch threads (0: torch's default)."),
     seed: int = typer.Option(0, help="Seed for the split, the batches and the order."),
 ):
     """Distil a reduced-head shared-encoder draft from a Whisper target on its own transcripts of --audio-dir."""
-    from ..training.whisper_draft import distill_whisper_draft
+    from ..training.whisper_draft import LABEL_SOURCES, distill_whisper_draft
 
     layer_ids = _checked(_layer_ids, layers)
 
@@ -125,9 +127,12 @@ def distill_whisper(
         return distill_whisper_draft(
             model, processor, audio_dir, out, layers=layer_ids, vocab=vocab, epochs=epochs, batch_size=batch_size,
             lr=lr, holdout=holdout, seed=seed, cache=cache, on_progress=on_progress, train_cross_kv=train_cross_kv,
-            teacher_batch_size=teacher_batch_size or None, languages=_languages(languages),
+            teacher_batch_size=teacher_batch_size or None, languages=_languages(languages), labels=labels,
         )
 
+    if labels not in LABEL_SOURCES:
+        typer.echo(f"Error: --labels must be one of {', '.join(LABEL_SOURCES)}, got {labels!r}", err=True)
+        raise typer.Exit(2)
     report = _on_whisper(target, threads, fit, "draft steps")
     typer.echo(report.summary())
     typer.echo(f'Use it with:\n[drafter]\nuse = "shared-encoder"\nmodel = "{report.path.parent}"')
@@ -223,7 +228,7 @@ def _on_whisper(target: str, threads: int, fit, steps: str):
         with console.status(f"loading {path}"):
             model = load_pretrained(WhisperForConditionalGeneration, path, dtype=torch.float32, who="--target")
             processor = AutoProcessor.from_pretrained(str(path))
-        labels = {"teacher": "target: encoder + transcripts", "teacher logits": "target: distributions",
+        labels = {"teacher": "target: encoder + labels", "teacher logits": "target: distributions",
                   "teacher states": "target: decoder states", "train": steps}
         with phase_progress(labels) as on_progress:
             return fit(model, processor, on_progress)

@@ -1,25 +1,31 @@
 """Distilling a reduced-head ``shared-encoder`` draft from a Whisper target, the Distil-Whisper way.
 
 1. **Teacher pass, once** (cached in a file): the target's encoder output for every training
-   utterance (one 30-second window each, [1500, d_model], kept in float16), and the target's own
-   greedy transcript of it (``generate`` with the utterance's language forced, no timestamps): the
-   pseudo-labels.
+   utterance (one 30-second window each, [1500, d_model], kept in float16), and the label prefixes
+   the draft is trained along: by default the target's own greedy transcript (``generate`` with the
+   utterance's language forced, no timestamps), the pseudo-labels; with ``labels="reference"`` the
+   utterance's reference text, tokenized, which needs no ``generate`` (the teacher pass then costs
+   the encoder alone, about a third of the default's on whisper-base) and is cheap enough to train on
+   several times more speech.
 2. **Token map**: the tokens the target says most often in its pseudo-labels, then, to fill the
    head, the lowest ids (BPE merge order, roughly frequency order in the tokenizer's corpus); always
    the tokens Whisper's prompt and processors need (eot, sot, the task and language tokens,
    notimestamps). Timestamps are not drafted (the labels have none): where the timestamp grammar
    forces one, the draft stops and the target decodes that token itself.
-3. **Teacher distributions**: one teacher-forced forward of the target's decoder over each label,
-   its logits kept on the map only (float16).
+3. **Teacher distributions**: one teacher-forced forward of the target's decoder over each label:
+   at every position the target's own choice (its argmax, with the generation config's suppressed
+   tokens left out, as ``generate`` does) and its ``top`` highest logits over the map (float16).
+   Along the pseudo-labels the choice is the label itself; along a reference text it is what the
+   target would say after that prefix, which is what a draft must guess to be accepted.
 4. **Training**: the draft (drafters/shared_encoder_draft.py: layers copied from the target's,
    Distil-Whisper copies the first and the last; the head from the target's output rows of the
    map; the target's embeddings, frozen; by default its cross-attention key and value projections
    too) reads the cached encoder output, never the audio, and is
-   trained on cross-entropy with the pseudo-labels plus the KL divergence to the target's
-   distribution renormalised over the map (Distil-Whisper's loss: 0.8 CE + 1.0 KL).
+   trained on cross-entropy with the target's choices plus the KL divergence to the target's
+   distribution renormalised over its top tokens in the map (Distil-Whisper's loss: 0.8 CE + 1.0 KL).
 
-Held-out utterances measure top-1 agreement: the share of label tokens the draft's greedy choice
-gets right given the label prefix, which is about the acceptance rate of its first draft token.
+Held-out utterances measure top-1 agreement: the share of the target's choices the draft's greedy
+choice gets right given the label prefix, which is about the acceptance rate of its first draft token.
 """
 
 from __future__ import annotations
@@ -40,17 +46,20 @@ from ..errors import InputError
 
 Progress = Callable[[str, int, int], None]
 
+LABEL_SOURCES = ("generate", "reference")
+
 
 @attrs.frozen
 class Utterance:
     path: Path
     language: str
     seconds: float
+    text: str | None = None  # the reference text, where the listing has one
 
 
 def read_utterances(audio_dir: str | Path, languages: Sequence[str] | None = None) -> list[Utterance]:
     """The utterances listed in ``audio_dir/utterances.json`` (``benchmarks/build_speech_eval.py``'s
-    format: file, language, seconds), of ``languages`` only when given; 30 s at most each."""
+    format: file, language, seconds, text), of ``languages`` only when given; 30 s at most each."""
     audio_dir = Path(audio_dir).expanduser()
     listing = audio_dir / "utterances.json"
     if not listing.is_file():
@@ -58,7 +67,8 @@ def read_utterances(audio_dir: str | Path, languages: Sequence[str] | None = Non
                          "benchmarks/build_speech_eval.py --split train")
     try:
         rows = json.loads(listing.read_text(encoding="utf-8"))
-        out = [Utterance(audio_dir / row["file"], row["language"], float(row["seconds"])) for row in rows]
+        out = [Utterance(audio_dir / row["file"], row["language"], float(row["seconds"]), row.get("text"))
+               for row in rows]
     except (ValueError, KeyError, TypeError) as exc:
         raise InputError(f"{listing}: not a list of utterances with file, language and seconds: {exc}") from None
     out = [u for u in out if (not languages or u.language in languages) and u.seconds <= 30.0]
@@ -72,8 +82,17 @@ class TeacherData:
     """What the target says about the training audio, computed once."""
 
     encoder_states: torch.Tensor  # [N, frames, D] float16
-    labels: list[list[int]]  # per utterance: prompt tokens, the transcript, eot
+    labels: list[list[int]]  # per utterance: prompt tokens, the transcript (or reference text), eot
     prompt_length: int  # tokens of the prompt (sot, language, task, notimestamps)
+
+
+@attrs.frozen
+class TeacherScores:
+    """The target's teacher-forced scores along one utterance's label ([T - 1] positions)."""
+
+    choice: torch.Tensor  # [T - 1] long: the token the target picks after each label prefix (full vocabulary)
+    top_ids: torch.Tensor  # [T - 1, K] long: map (reduced) ids of the target's K highest logits in the map
+    top_logits: torch.Tensor  # [T - 1, K] float16: those logits
 
 
 def prompt_ids(target, language: str) -> list[int]:
@@ -85,19 +104,38 @@ def prompt_ids(target, language: str) -> list[int]:
     return tokens + [config.no_timestamps_token_id]
 
 
+def _check_labels(utterances: Sequence[Utterance], labels: str) -> None:
+    if labels not in LABEL_SOURCES:
+        raise InputError(f"labels must be one of {', '.join(LABEL_SOURCES)}, got {labels!r}")
+    if labels == "reference":
+        blank = [u.path.name for u in utterances if not (u.text or "").strip()]
+        if blank:
+            raise InputError(f"labels='reference' needs a text for every utterance; utterances.json has none for "
+                             f"{', '.join(blank[:3])}{' and more' if len(blank) > 3 else ''}")
+
+
+def reference_ids(processor, text: str) -> list[int]:
+    """A reference text as the target's tokens, as Whisper writes a transcript (a leading space)."""
+    return list(processor.tokenizer(" " + text.strip(), add_special_tokens=False).input_ids)
+
+
 @torch.no_grad()
 def teacher_pass(target, processor, utterances: Sequence[Utterance], batch_size: int = 8,
-                 on_progress: Progress | None = None) -> TeacherData:
-    """The target's encoder output and greedy transcript of every utterance (see the module doc)."""
+                 on_progress: Progress | None = None, labels: str = "generate") -> TeacherData:
+    """The target's encoder output of every utterance, and its greedy transcript (``labels="generate"``)
+    or the tokenized reference text (``"reference"``) as the label (see the module doc)."""
     from transformers.modeling_outputs import BaseModelOutput
 
     from ..audio import read_audio
+
+    _check_labels(utterances, labels)
+    limit = target.config.max_target_positions
 
     # Batched by duration (shortest first): rows of a batch then need about as many tokens, and
     # ``generate`` wastes fewer steps on rows that have finished. Returned in the given order.
     order = sorted(range(len(utterances)), key=lambda i: utterances[i].seconds)
     states: list[torch.Tensor | None] = [None] * len(utterances)
-    labels: list[list[int] | None] = [None] * len(utterances)
+    label: list[list[int] | None] = [None] * len(utterances)
     eot = target.generation_config.eos_token_id
     eot = eot[0] if isinstance(eot, list) else eot
     for start in range(0, len(order), batch_size):
@@ -107,16 +145,21 @@ def teacher_pass(target, processor, utterances: Sequence[Utterance], batch_size:
         features = processor.feature_extractor(audio, sampling_rate=16000, return_tensors="pt").input_features
         features = features.to(device=target.device, dtype=target.dtype)
         encoded = target.model.encoder(features).last_hidden_state  # [b, frames, D]
-        out = target.generate(features, encoder_outputs=BaseModelOutput(last_hidden_state=encoded),
-                              language=[u.language for u in batch], task="transcribe", return_timestamps=False)
+        if labels == "generate":
+            out = target.generate(features, encoder_outputs=BaseModelOutput(last_hidden_state=encoded),
+                                  language=[u.language for u in batch], task="transcribe", return_timestamps=False)
+            texts = [[int(t) for t in out[row].tolist() if int(t) != eot] for row in range(len(batch))]
+        else:
+            texts = [reference_ids(processor, u.text) for u in batch]
         for row, (i, u) in enumerate(zip(rows, batch)):
-            text = [int(t) for t in out[row].tolist() if int(t) != eot]
-            labels[i] = prompt_ids(target, u.language) + text + [eot]
+            prompt = prompt_ids(target, u.language)
+            # The decoder reads at most ``limit`` positions; a longer reference is cut (a transcript never is).
+            label[i] = (prompt + texts[row])[: limit - 1] + [eot]
             states[i] = encoded[row].to(torch.float16).cpu()
         if on_progress is not None:
             on_progress("teacher", min(start + batch_size, len(utterances)), len(utterances))
     lengths = {len(prompt_ids(target, u.language)) for u in utterances}
-    return TeacherData(torch.stack(states), labels, max(lengths))
+    return TeacherData(torch.stack(states), label, max(lengths))
 
 
 def _target_key(target) -> str:
@@ -129,21 +172,25 @@ def _target_key(target) -> str:
     return digest.hexdigest()
 
 
-def _utterance_key(u: Utterance) -> str:
-    return hashlib.sha256(u.language.encode() + Path(u.path).read_bytes()).hexdigest()
+def _utterance_key(u: Utterance, labels: str = "generate") -> str:
+    key = u.language.encode() + Path(u.path).read_bytes()
+    if labels == "reference":  # another label for the same audio: another row
+        key = b"reference\0" + (u.text or "").encode() + b"\0" + key
+    return hashlib.sha256(key).hexdigest()
 
 
 def cached_teacher_pass(target, processor, utterances, cache: str | Path | None, batch_size: int = 8,
-                        on_progress: Progress | None = None) -> TeacherData:
-    """``teacher_pass``, kept in ``cache``. Rows are keyed per utterance (its audio bytes and language)
-    under a key of the target (config, dtype, weights): a later run on the same target reuses every
+                        on_progress: Progress | None = None, labels: str = "generate") -> TeacherData:
+    """``teacher_pass``, kept in ``cache``. Rows are keyed per utterance (its audio bytes and language,
+    and with reference labels its text) under a key of the target (config, dtype, weights): a later run on the same target reuses every
     utterance the file holds and computes only the others (a subset of a cached set costs nothing, a
     superset only its new utterances); the file then holds the union. A cache for another target,
     or a broken one, is recomputed."""
+    _check_labels(utterances, labels)
     if cache is None:
-        return teacher_pass(target, processor, utterances, batch_size, on_progress)
+        return teacher_pass(target, processor, utterances, batch_size, on_progress, labels)
     target_key = _target_key(target)
-    keys = [_utterance_key(u) for u in utterances]
+    keys = [_utterance_key(u, labels) for u in utterances]
     cache = Path(cache).expanduser()
     saved = None
     if cache.is_file():
@@ -162,7 +209,7 @@ def cached_teacher_pass(target, processor, utterances, cache: str | Path | None,
             if on_progress is not None:
                 on_progress(phase, done + count, len(utterances))
 
-        fresh = teacher_pass(target, processor, [utterances[i] for i in missing], batch_size, progress)
+        fresh = teacher_pass(target, processor, [utterances[i] for i in missing], batch_size, progress, labels)
         old_keys = list(saved["utterance_keys"]) if saved else []
         new_keys = [keys[i] for i in missing]
         states = torch.cat([saved["encoder_states"], fresh.encoder_states]) if saved else fresh.encoder_states
@@ -219,17 +266,30 @@ def choose_token_map(labels: Sequence[Sequence[int]], vocab: int, size: int, alw
 
 @torch.no_grad()
 def teacher_logits(target, data: TeacherData, token_map: torch.Tensor, batch_size: int = 8,
-                   on_progress: Progress | None = None) -> list[torch.Tensor]:
-    """Per utterance, the target's logits over the map at every label position ([T - 1, V'] float16)."""
+                   on_progress: Progress | None = None, top: int = 64) -> list[TeacherScores]:
+    """Per utterance, the target's choice at every label position and its ``top`` highest logits over
+    the map (``TeacherScores``). The choice leaves out the generation config's ``suppress_tokens`` (and
+    ``begin_suppress_tokens`` right after the prompt), which ``generate`` never says."""
     out = []
     ids = token_map.to(target.device)
+    config = target.generation_config
+    suppressed = torch.tensor(sorted(set(getattr(config, "suppress_tokens", None) or [])), dtype=torch.long)
+    begin = torch.tensor(sorted(set(getattr(config, "begin_suppress_tokens", None) or [])), dtype=torch.long)
+    top = min(top, token_map.numel())
     for start in range(0, len(data.labels), batch_size):
         labels = data.labels[start : start + batch_size]
         inputs, _ = _padded([label[:-1] for label in labels])
         encoded = data.encoder_states[start : start + batch_size].to(device=target.device, dtype=target.dtype)
         logits = target(encoder_outputs=(encoded,), decoder_input_ids=inputs.to(target.device)).logits  # [b, T, V]
+        scores = logits.to(torch.float32, copy=True)
+        scores[..., suppressed.to(scores.device)] = -math.inf
+        scores[:, data.prompt_length - 1, begin.to(scores.device)] = -math.inf
+        choice = scores.argmax(-1).cpu()  # [b, T]
+        best = scores[..., ids].topk(top, dim=-1)  # [b, T, K] over the map
         for row, label in enumerate(labels):
-            out.append(logits[row, : len(label) - 1][:, ids].to(torch.float16).cpu())
+            n = len(label) - 1
+            out.append(TeacherScores(choice=choice[row, :n].clone(), top_ids=best.indices[row, :n].cpu(),
+                                     top_logits=best.values[row, :n].to(torch.float16).cpu()))
         if on_progress is not None:
             on_progress("teacher logits", min(start + batch_size, len(data.labels)), len(data.labels))
     return out
@@ -289,6 +349,7 @@ def distill_whisper_draft(
     seed: int = 0,
     cache: str | Path | None = None,
     teacher_batch_size: int | None = None,
+    labels: str = "generate",
     on_progress: Progress | None = None,
 ) -> DistillReport:
     """Train a reduced-head shared-encoder draft for the Whisper ``target`` on the audio listed in
@@ -301,6 +362,9 @@ def distill_whisper_draft(
     it holds. ``teacher_batch_size``: utterances per batch of the teacher pass (default
     ``batch_size``); larger batches make ``generate``'s steps cheaper per utterance on a CPU, and
     the labels are the same greedy transcripts (every row is a full 30-second window: no padding).
+    ``labels``: what the draft is trained along, ``"generate"`` (the target's greedy transcripts) or
+    ``"reference"`` (utterances.json's texts, no ``generate``: a third of the teacher pass's time);
+    either way it learns the target's choice and distribution after each prefix.
     ``on_progress(phase, done, total)`` follows the teacher pass and the training steps.
     """
     decoder_layers = target.config.decoder_layers
@@ -312,7 +376,8 @@ def distill_whisper_draft(
     torch.manual_seed(seed)
     target.eval()
     utterances = read_utterances(audio_dir, languages)
-    data = cached_teacher_pass(target, processor, utterances, cache, teacher_batch_size or batch_size, on_progress)
+    data = cached_teacher_pass(target, processor, utterances, cache, teacher_batch_size or batch_size, on_progress,
+                               labels)
     order = torch.randperm(len(utterances), generator=torch.Generator().manual_seed(seed)).tolist()
     held = max(1, round(len(order) * holdout)) if holdout else 0
     test, train = order[:held], order[held:]
@@ -332,7 +397,7 @@ def distill_whisper_draft(
     frozen = (".embed_",) if train_cross_kv else (".embed_", "encoder_attn.k_proj", "encoder_attn.v_proj")
     with _training(draft, frozen) as parameters:
         return _fit(target, draft, data, teacher, train, test, reduced, coverage, parameters, out, layers,
-                    epochs, batch_size, lr, ce_weight, kl_weight, skip, seed, started, on_progress)
+                    epochs, batch_size, lr, ce_weight, kl_weight, skip, seed, started, on_progress, labels)
 
 
 @contextlib.contextmanager
@@ -351,9 +416,9 @@ def _training(draft, frozen: tuple[str, ...]):
 
 
 def _fit(target, draft, data, teacher, train, test, reduced, coverage, parameters, out, layers,
-         epochs, batch_size, lr, ce_weight, kl_weight, skip, seed, started, on_progress) -> DistillReport:
+         epochs, batch_size, lr, ce_weight, kl_weight, skip, seed, started, on_progress, labels) -> DistillReport:
     """The training loop of ``distill_whisper_draft``, then the held-out measure and the file."""
-    before = heldout_top1(draft, data, test, target.config.vocab_size) if test else float("nan")
+    before = heldout_top1(draft, data, test, target.config.vocab_size, teacher=teacher) if test else float("nan")
     draft.train()
     losses = fit_batches(parameters, train, epochs, batch_size, torch.optim.AdamW(parameters, lr=lr, weight_decay=0.0),
                          _cosine_to_zero, lambda rows: _loss(draft, data, teacher, rows, reduced, skip, ce_weight, kl_weight),
@@ -361,12 +426,12 @@ def _fit(target, draft, data, teacher, train, test, reduced, coverage, parameter
     draft.eval()
     for p in parameters:
         p.requires_grad_(False)
-    after = heldout_top1(draft, data, test, target.config.vocab_size) if test else float("nan")
+    after = heldout_top1(draft, data, test, target.config.vocab_size, teacher=teacher) if test else float("nan")
     path = None
     if out is not None:
         path = save_shared_encoder_draft(draft, out, metadata={
             "init_layers": json.dumps(list(layers)), "heldout_top1": f"{after:.4f}", "map_coverage": f"{coverage:.4f}",
-            "training_utterances": str(len(train)), "epochs": str(epochs),
+            "training_utterances": str(len(train)), "epochs": str(epochs), "labels": labels,
             "target": str(getattr(target.config, "_name_or_path", "") or ""),
         })
     tokens = sum(len(data.labels[i]) - skip for i in train)
@@ -419,26 +484,33 @@ def _draft_logits(draft, data: TeacherData, rows: Sequence[int]) -> tuple[torch.
 def _loss(draft, data, teacher, rows, reduced, skip, ce_weight, kl_weight) -> torch.Tensor:
     logits, mask = _draft_logits(draft, data, rows)  # [b, T, V'], [b, T]
     mask[:, : skip - 1] = False  # the prompt is given, not predicted
-    wanted, _ = _padded([data.labels[i][1:] for i in rows], fill=0)
-    wanted = reduced[wanted].to(logits.device)  # -100 outside the map: no cross-entropy there
+    choice = torch.nn.utils.rnn.pad_sequence([teacher[i].choice for i in rows], batch_first=True)  # [b, T]
+    wanted = reduced[choice].to(logits.device)  # -100 outside the map: no cross-entropy there
     log_q = torch.log_softmax(logits.float(), dim=-1)
     ce = torch.nn.functional.cross_entropy(log_q[mask], wanted[mask], ignore_index=-100)
-    p = torch.nn.utils.rnn.pad_sequence([teacher[i].float() for i in rows], batch_first=True)
-    p = torch.softmax(p.to(logits.device), dim=-1)  # the target's distribution renormalised over the map
-    kl = (p * (torch.log(p.clamp(min=1e-12)) - log_q)).sum(-1)[mask].mean()
+    top_ids = torch.nn.utils.rnn.pad_sequence([teacher[i].top_ids for i in rows], batch_first=True).to(logits.device)
+    top_logits = torch.nn.utils.rnn.pad_sequence([teacher[i].top_logits for i in rows], batch_first=True)
+    p = torch.softmax(top_logits.float().to(logits.device), dim=-1)  # [b, T, K]: the target's, over its top tokens
+    kl = (p * (torch.log(p.clamp(min=1e-12)) - log_q.gather(-1, top_ids))).sum(-1)[mask].mean()
     return ce_weight * ce + kl_weight * kl
 
 
 @torch.no_grad()
-def heldout_top1(draft, data: TeacherData, rows: Sequence[int], vocab: int, batch_size: int = 8) -> float:
-    """Share of the label tokens of ``rows`` (after the prompt) that the draft's greedy choice gets right."""
+def heldout_top1(draft, data: TeacherData, rows: Sequence[int], vocab: int, batch_size: int = 8,
+                 teacher: Sequence[TeacherScores] | None = None) -> float:
+    """Share of the target's choices at the label positions of ``rows`` (after the prompt) that the
+    draft's greedy choice gets right: ``teacher``'s choices where given, else the labels themselves
+    (the target's greedy transcripts)."""
     right = seen = 0
     for start in range(0, len(rows), batch_size):
         batch = list(rows[start : start + batch_size])
         logits, mask = _draft_logits(draft, data, batch)
         mask[:, : data.prompt_length - 1] = False
         guess = draft.token_map[logits.argmax(-1)]
-        wanted, _ = _padded([data.labels[i][1:] for i in batch])
+        if teacher is None:
+            wanted, _ = _padded([data.labels[i][1:] for i in batch])
+        else:
+            wanted = torch.nn.utils.rnn.pad_sequence([teacher[i].choice for i in batch], batch_first=True)
         right += int(((guess == wanted.to(guess.device)) & mask).sum())
         seen += int(mask.sum())
     return right / max(seen, 1)
