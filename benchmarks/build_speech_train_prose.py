@@ -24,6 +24,13 @@ which rebuilds the shipped draft's first set byte-identically), all offline:
 - ``texts``: the ``answer`` (or ``text``) fields of the JSON Lines file ``--texts`` names, e.g. a
   chat model's answers to everyday prompts (``benchmarks/everyday_text.py``): the prose above is
   technical, and what people dictate is not.
+- ``fortunes``: everyday English that Debian ships, the quips, quotations and proverbs of the
+  ``fortunes`` and ``fortunes-min`` packages (``apt-get install fortunes fortunes-min``; every
+  ``%``-separated entry of ``/usr/share/games/fortunes/*.u8`` but ``art`` and ``ascii-art``). The
+  shipped whisper-base draft (stop 59) was trained with 1,153 utterances of it:
+
+    python benchmarks/build_speech_train_prose.py --out /tmp/speech-fortunes --count 1200 --seconds 24 \
+        --sources fortunes --name fortune
 
 Only plain sentences are kept (``plain_sentences``: 6-24 words, starting with a capital and ending
 with . ! or ?, no digits, code symbols, URLs, CamelCase or dotted names, no very long words). With
@@ -54,7 +61,9 @@ from speech_eval_data import EVAL_SENTENCES, VOICES  # noqa: E402
 SENTENCE = re.compile(r"[A-Z][a-z][^.!?]*[a-z][.!?]")
 SYMBOLS = re.compile(r"[_=(){}\[\]<>*`#|\\/@$%^~0-9&+:;\"]|\.\w|--|\.\.|\bhttps?\b|\bwww\b")
 CODE_WORD = re.compile(r"[a-z][A-Z]|[A-Z]{2,}[a-z]|^[a-z]+[A-Z]")
-SOURCES = ("stdlib", "pydoc", "packages", "metadata", "docs", "texts")
+SOURCES = ("stdlib", "pydoc", "packages", "metadata", "docs", "texts", "fortunes")
+FORTUNES = Path("/usr/share/games/fortunes")
+FORTUNE_FILES_LEFT_OUT = ("art", "ascii-art")  # pictures drawn in characters, not sentences
 # Third-party packages whose docstrings are read (those installed; the venv's own tools are left out).
 PACKAGES = ("transformers", "torch", "numpy", "scipy", "sympy", "networkx", "hypothesis", "rich", "typer", "click",
             "pydantic", "huggingface_hub", "jinja2", "accelerate", "pygments", "attr", "anyio", "more_itertools",
@@ -162,6 +171,23 @@ def file_texts(path: Path) -> list[str]:
     return texts
 
 
+def fortune_texts(root: Path | None = None) -> list[str]:
+    """Every entry of the fortune files under ``root`` (default FORTUNES; files in name order,
+    ``%``-separated, their whitespace collapsed), but those of FORTUNE_FILES_LEFT_OUT."""
+    root = root or FORTUNES
+    files = [f for f in sorted(root.glob("*.u8")) if f.name[: -len(".u8")] not in FORTUNE_FILES_LEFT_OUT]
+    if not files:
+        raise SystemExit(f"the 'fortunes' source reads {root}/*.u8, and there are none: "
+                         "apt-get install fortunes fortunes-min")
+    out = []
+    for file in files:
+        for entry in file.read_text(encoding="utf-8", errors="replace").split("\n%\n"):
+            entry = " ".join(entry.split())
+            if entry:
+                out.append(entry)
+    return out
+
+
 def metadata_texts() -> list[str]:
     """The long descriptions (the body after the headers) of the installed packages' METADATA."""
     out = []
@@ -222,6 +248,8 @@ def source_sentences(sources, seed: int = 0, texts: Path | None = None) -> list[
             if texts is None:
                 raise SystemExit("the 'texts' source reads the file --texts names")
             groups.append([x for text in file_texts(texts) for x in plain_sentences(text)])
+        elif source == "fortunes":
+            groups.append([x for text in fortune_texts() for x in plain_sentences(text)])
         else:
             raise SystemExit(f"unknown source {source!r}: one of {', '.join(SOURCES)}")
     kept = []

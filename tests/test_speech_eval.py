@@ -137,3 +137,21 @@ class TestTrainingProse:
             prose.source_sentences(["texts"], texts=broken)
         with pytest.raises(SystemExit, match=r"missing.jsonl: cannot read it"):
             prose.source_sentences(["texts"], texts=tmp_path / "missing.jsonl")
+
+    def test_the_fortunes_source_reads_each_entry_and_leaves_the_pictures_out(self, tmp_path, monkeypatch):
+        prose = load("build_speech_train_prose")
+        (tmp_path / "wisdom.u8").write_text("The early bird catches the worm, but the second\nmouse gets the cheese.\n%\n"
+                                            "Short one.\n%\nNever put off until tomorrow what you can do today.\n",
+                                            encoding="utf-8")
+        (tmp_path / "art.u8").write_text("Every picture here is drawn with many small characters.\n", encoding="utf-8")
+        (tmp_path / "wisdom").write_text("not read: only the .u8 files are\n", encoding="utf-8")
+        assert prose.fortune_texts(tmp_path) == ["The early bird catches the worm, but the second mouse gets the cheese.",
+                                                 "Short one.",
+                                                 "Never put off until tomorrow what you can do today."]
+        monkeypatch.setattr(prose, "FORTUNES", tmp_path)
+        assert sorted(prose.source_sentences(["fortunes"])) == [
+            "Never put off until tomorrow what you can do today.",
+            "The early bird catches the worm, but the second mouse gets the cheese.",
+        ]
+        with pytest.raises(SystemExit, match="apt-get install fortunes fortunes-min"):
+            prose.fortune_texts(tmp_path / "none")
