@@ -153,7 +153,8 @@ def teacher_pass(target, processor, utterances: Sequence[Utterance], batch_size:
             texts = [reference_ids(processor, u.text) for u in batch]
         for row, (i, u) in enumerate(zip(rows, batch)):
             prompt = prompt_ids(target, u.language)
-            # The decoder reads at most ``limit`` positions; a longer reference is cut (a transcript never is).
+            # The decoder reads at most ``limit`` positions, and a label's inputs are all its tokens but
+            # the last: a longer label is cut to fit (a reference text can be longer than a transcript).
             label[i] = (prompt + texts[row])[: limit - 1] + [eot]
             states[i] = encoded[row].to(torch.float16).cpu()
         if on_progress is not None:
