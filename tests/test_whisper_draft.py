@@ -174,6 +174,29 @@ class TestReferenceLabels:
             assert scores.top_ids.shape == (len(label) - 1, 64) and scores.top_logits.dtype == torch.float16
             assert (scores.top_ids[:, 0] == scores.choice).all()  # the map is the whole vocabulary here
 
+    def test_the_choice_and_the_top_logits_leave_out_suppressed_tokens(self, target, audio_dir):
+        """A token the generation config suppresses is never the choice nor among the top logits,
+        as ``generate`` never says it: the choice falls to the next best token."""
+        import copy
+
+        free = copy.deepcopy(target)
+        free.generation_config.suppress_tokens, free.generation_config.begin_suppress_tokens = [], []
+        data = teacher_pass(free, processor(), read_utterances(audio_dir), batch_size=3)
+        token_map = torch.arange(target.config.vocab_size)
+        plain = teacher_logits(free, data, token_map, batch_size=3)
+        after = slice(data.prompt_length - 1, None)
+        favourite = int(torch.cat([p.choice[after] for p in plain]).mode().values)
+        strict = copy.deepcopy(free)
+        strict.generation_config.suppress_tokens = [favourite]
+        moved_somewhere = 0
+        for loose, scores in zip(plain, teacher_logits(strict, data, token_map, batch_size=3)):
+            assert favourite not in scores.choice.tolist() and favourite not in scores.top_ids.flatten().tolist()
+            moved = loose.choice == favourite
+            moved_somewhere += int(moved.sum())
+            assert torch.equal(scores.choice[moved], loose.top_ids[moved][:, 1])  # the runner-up takes its place
+            assert torch.equal(scores.choice[~moved], loose.choice[~moved])
+        assert moved_somewhere > 0
+
     def test_the_teacher_pass_reads_the_texts_and_runs_no_generate(self, target, audio_dir, monkeypatch):
         listing = spoken_texts(audio_dir, TEXTS)
         utterances = read_utterances(listing)

@@ -183,10 +183,11 @@ def _utterance_key(u: Utterance, labels: str = "generate") -> str:
 def cached_teacher_pass(target, processor, utterances, cache: str | Path | None, batch_size: int = 8,
                         on_progress: Progress | None = None, labels: str = "generate") -> TeacherData:
     """``teacher_pass``, kept in ``cache``. Rows are keyed per utterance (its audio bytes and language,
-    and with reference labels its text) under a key of the target (config, dtype, weights): a later run on the same target reuses every
-    utterance the file holds and computes only the others (a subset of a cached set costs nothing, a
-    superset only its new utterances); the file then holds the union. A cache for another target,
-    or a broken one, is recomputed."""
+    and with reference labels its text) under a key of the target (config, dtype, weights): a later
+    run on the same target reuses every utterance the file holds and computes only the others (a
+    subset of a cached set costs nothing, a superset only its new utterances); the file then holds
+    the union. A cache for another target, or a broken one, is recomputed. ``labels`` is checked
+    here too: a fully cached request runs no ``teacher_pass`` to check it."""
     _check_labels(utterances, labels)
     if cache is None:
         return teacher_pass(target, processor, utterances, batch_size, on_progress, labels)
