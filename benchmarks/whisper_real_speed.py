@@ -31,6 +31,8 @@ English, task transcribe, no timestamps, greedy):
   (``screened_head=False``); the default screens it in bfloat16 where this CPU runs that faster and
   recomputes in float32 the logits that could be the argmax (``core/screened_head.py``).
 - ``specdec-draft2``: ``specdec`` with the shared-encoder draft of ``--draft2`` instead.
+- ``specdec-allframes``: ``specdec`` with the draft's cross-attention over all 1500 encoder frames
+  (``encoder_frames = "all"``, as before stop 60) instead of the audio's.
 - ``specdec-head``, ``specdec-head-alt3``: ``WhisperSpeculativeDecoder`` with the ``hidden-state``
   drafter and the head of ``--head`` (EAGLE-style: decoder layers reading base's own decoder
   states, and base's cross-attention keys and values of the layers they started from; ``specdec
@@ -190,12 +192,13 @@ def contenders(target, draft, policy: str, int8, assistant, hf_tokens: int | Non
         kwargs = {} if hf_tokens is None else {"num_assistant_tokens": hf_tokens, "num_assistant_tokens_schedule": "constant"}
         return target.generate(x, language="en", task="transcribe", assistant_model=assistant, **kwargs), None
 
-    def speculative(model, choice, packed=True, rule=None, alternatives=0, precision="auto", screened=True):
+    def speculative(model, choice, packed=True, rule=None, alternatives=0, precision="auto", screened=True,
+                    frames="audio"):
         # One decoder for every call, as `specdec transcribe` keeps one over its files: a policy
         # that measures (cost-aware) keeps what it learnt.
         options = dict(alternatives=alternatives, matmul_precision=precision)
         drafter = (HiddenStateDrafter(head=str(model), **options) if isinstance(model, Path)
-                   else SharedEncoderDrafter(model=model, **options))
+                   else SharedEncoderDrafter(model=model, encoder_frames=frames, **options))
         decoder = SpeculativeDecoder(target=target, drafter=drafter, policy=make_policy(choice), packed_weights=packed,
                                      screened_head=screened)
         whisper = WhisperSpeculativeDecoder(decoder)
@@ -226,6 +229,8 @@ def contenders(target, draft, policy: str, int8, assistant, hf_tokens: int | Non
         # screen it in bfloat16 where this CPU runs that faster; core/screened_head.py).
         out[named("specdec-unscreened", choice)] = (None, speculative(draft, choice, screened=False))
         out[named("specdec-alt3-fp32", choice)] = (None, speculative(draft, choice, alternatives=3, precision="highest"))
+        # The draft's cross-attention over all 1500 encoder frames, as before stop 60.
+        out[named("specdec-allframes", choice)] = (None, speculative(draft, choice, frames="all"))
     for choice in choices if other_draft is not None else ():
         out[named("specdec-draft2", choice)] = (None, speculative(other_draft, choice))
     for number, head in enumerate(heads, 1):
@@ -258,7 +263,7 @@ def measure(args) -> dict:
     wanted = set(args.contenders.split(","))
     # Only contenders that draft with it load the draft: base's peak memory (--memory) must not hold it.
     draft = load_shared_encoder_draft(args.draft, target) if wanted & {"specdec", "specdec-unpacked", "specdec-stop21", "specdec-widthon", "specdec-stop34", "specdec-alt1", "specdec-alt2", "specdec-alt3",
-                                                                   "specdec-fp32", "specdec-alt3-fp32", "specdec-unscreened",
+                                                                   "specdec-fp32", "specdec-alt3-fp32", "specdec-unscreened", "specdec-allframes",
                                                                    "hf-assisted"} else None
     eot = target.generation_config.eos_token_id
     clock = EncoderClock(target)

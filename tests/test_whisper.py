@@ -496,3 +496,77 @@ class TestDecoderOnlyUnchanged:
         decoder = SpeculativeDecoder(target=gpt2, drafter=NGramDrafter())
         with pytest.raises(InputError):
             decoder.generate(torch.tensor([[5, 6]]), input_features=features(1), max_new_tokens=2)
+
+
+def spoken(seconds: list[float], seed=0) -> torch.Tensor:
+    """Whisper's own log-mel features (float64) of noise bursts of these lengths, padded with silence
+    to 30 s by the feature extractor, as every short utterance is."""
+    from transformers import WhisperFeatureExtractor
+
+    generator = torch.Generator().manual_seed(seed)
+    audio = [(0.1 * torch.randn(int(16_000 * s), generator=generator)).numpy() for s in seconds]
+    return WhisperFeatureExtractor()(audio, sampling_rate=16_000, return_tensors="pt").input_features.double()
+
+
+class TestEncoderFrames:
+    """``encoder_frames = "audio"``: after its first forward the draft's cross-attention reads only the
+    encoder frames that hold the audio (and 2 s past it); the target reads all 1500."""
+
+    def test_audio_frames_of_whisper_features(self):
+        from specdec.drafters.shared_encoder import AUDIO_MARGIN_FRAMES, audio_frames
+
+        five = audio_frames(spoken([5.0]), 1500)
+        assert abs(five - (250 + AUDIO_MARGIN_FRAMES)) <= 2  # 50 encoder frames a second
+        assert audio_frames(spoken([3.0, 8.0]), 1500) == audio_frames(spoken([8.0]), 1500)  # the longest row
+        assert audio_frames(spoken([5.0]), 1500, margin=0) == five - AUDIO_MARGIN_FRAMES
+        assert audio_frames(spoken([29.0]), 1500) is None  # audio and margin fill the window
+        assert audio_frames(features(2, seed=3), 1500) is None  # no silence padding: every frame
+        assert audio_frames(None, 1500) is None and audio_frames(torch.zeros(80, 3000), 1500) is None
+
+    @pytest.mark.parametrize("batch", [1, 3])
+    def test_narrowed_draft_is_exact(self, target, batch):
+        x = spoken([4.0, 2.5, 6.0][:batch], seed=batch)
+        prompt = torch.tensor([[SOT, 258, TRANSCRIBE, NO_TIMESTAMPS]] * batch)
+        reference = GenerationMixin.generate(target, x, decoder_input_ids=prompt, max_new_tokens=MAX_NEW)
+        from specdec.drafters.shared_encoder import audio_frames
+
+        frames = audio_frames(x, 1500)
+        for drafter in (SharedEncoderDrafter(model=decoder_of(target)), SharedEncoderDrafter(model=tiny_distil_decoder(seed=1))):
+            decoder = SpeculativeDecoder(target=target, drafter=drafter, policy=ConstantLookahead(k=3))
+            out = decoder.generate(prompt, input_features=x, max_new_tokens=MAX_NEW)
+            assert_same(reference, out.sequences)
+            assert [layer.keys.shape[-2] for layer in drafter._cached.slots.cache.cross_attention_cache.layers] == [frames]
+            assert [layer.keys.shape[-2] for layer in decoder._target.slots.cache.cross_attention_cache.layers] == [1500]
+
+    def test_all_frames_keeps_every_frame(self, target):
+        x = spoken([4.0])
+        drafter = SharedEncoderDrafter(model=decoder_of(target), encoder_frames="all")
+        decoder = SpeculativeDecoder(target=target, drafter=drafter, policy=ConstantLookahead(k=3))
+        decoder.generate(torch.tensor([[SOT, 258, TRANSCRIBE, NO_TIMESTAMPS]]), input_features=x, max_new_tokens=8)
+        assert [layer.keys.shape[-2] for layer in drafter._cached.slots.cache.cross_attention_cache.layers] == [1500]
+
+    def test_a_shared_layer_is_lent_whole_then_narrowed(self):
+        """The draft reads first and computes the shared layer's keys over every frame: the target
+        takes them whole (it never computes them), the draft keeps a view of the audio's frames."""
+        target, draft = TestSharedCrossAttention.pair()
+        x = spoken([3.0, 5.0], seed=7)
+        prompt = torch.tensor([[SOT, 258, TRANSCRIBE, NO_TIMESTAMPS]] * 2)
+        reference = GenerationMixin.generate(target, x, decoder_input_ids=prompt, max_new_tokens=12)
+        calls = []
+        hook = target.model.decoder.layers[1].encoder_attn.k_proj.register_forward_hook(lambda *a: calls.append(1))
+        try:
+            drafter = SharedEncoderDrafter(model=draft)
+            decoder = SpeculativeDecoder(target=target, drafter=drafter, policy=ConstantLookahead(k=2))
+            out = decoder.generate(prompt, input_features=x, max_new_tokens=12)
+        finally:
+            hook.remove()
+        assert_same(reference, out.sequences)
+        assert calls == []
+        mine = drafter._cached.slots.cache.cross_attention_cache.layers[0].keys
+        theirs = decoder._target.slots.cache.cross_attention_cache.layers[1].keys
+        assert theirs.shape[-2] == 1500 and mine.shape[-2] < 1500 and mine.data_ptr() == theirs.data_ptr()
+
+    def test_bad_value_is_refused(self):
+        with pytest.raises(ConfigError, match="drafter 'shared-encoder': option 'encoder_frames' must be one of 'audio', 'all', got 'some'"):
+            get_registry().create("drafter", "shared-encoder", {"model": "x", "encoder_frames": "some"})
+

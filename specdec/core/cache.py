@@ -203,6 +203,9 @@ class SlotCache:
         # Whether a slot may be a hole, as known on the host: False until a block that may hold one
         # is read or drafts are rejected into holes (a lone row's rejected drafts are cut off instead).
         self.holes = False
+        # Encoder frames its cross-attention reads, where narrowed to fewer than the encoder output
+        # has (narrow_cross_attention); None: all of them.
+        self.cross_frames: int | None = None
 
     @property
     def static(self) -> bool:
@@ -529,13 +532,29 @@ def share_cross_attention(a: SlotCache, b: SlotCache, layers: list[tuple[int, in
         return 0
     lent = 0
     for i, j in layers:
-        if a.cache.is_updated.get(i) and not b.cache.is_updated.get(j):
+        if a.cache.is_updated.get(i) and not b.cache.is_updated.get(j) and a.cross_frames is None:
             _lend(a.cache, i, b.cache, j)
             lent += 1
-        elif b.cache.is_updated.get(j) and not a.cache.is_updated.get(i):
+        elif b.cache.is_updated.get(j) and not a.cache.is_updated.get(i) and b.cross_frames is None:
             _lend(b.cache, j, a.cache, i)
             lent += 1
     return lent
+
+
+def narrow_cross_attention(slots: SlotCache, frames: int) -> None:
+    """Let an encoder-decoder cache's cross-attention read only the first ``frames`` encoder frames
+    from now on: its keys and values become views of their first ``frames`` (nothing is copied; a
+    later cut indexes the views into smaller tensors). A narrowed cache lends none of its layers
+    (``share_cross_attention``): the other model reads every frame."""
+    if not isinstance(slots.cache, EncoderDecoderCache):
+        return
+    narrowed = False
+    for layer in slots.cache.cross_attention_cache.layers:
+        if getattr(layer, "is_initialized", False) and layer.keys.shape[-2] > frames:
+            layer.keys, layer.values = layer.keys[..., :frames, :], layer.values[..., :frames, :]
+            narrowed = True
+    if narrowed:
+        slots.cross_frames = frames
 
 
 def _lend(source: EncoderDecoderCache, i: int, dest: EncoderDecoderCache, j: int) -> None:
