@@ -570,3 +570,25 @@ class TestEncoderFrames:
         with pytest.raises(ConfigError, match="drafter 'shared-encoder': option 'encoder_frames' must be one of 'audio', 'all', got 'some'"):
             get_registry().create("drafter", "shared-encoder", {"model": "x", "encoder_frames": "some"})
 
+
+class TestBeginSuppression:
+    """Whisper's ``begin_suppress_tokens`` act at the begin index only; past it, scoring a position
+    builds no per-row ``input_ids`` for them (the host knows every row's length)."""
+
+    def test_input_ids_are_built_only_at_the_begin_index(self, target, monkeypatch):
+        from specdec.core.state import DecodeState
+
+        built = []
+        original = DecodeState._length_groups
+
+        def counted(self):
+            built.append(self.lengths_host[self.rows_host].tolist())
+            return original(self)
+
+        monkeypatch.setattr(DecodeState, "_length_groups", counted)
+        x = features(2, seed=11)
+        prompt = torch.tensor([[SOT, 258, TRANSCRIBE, NO_TIMESTAMPS]] * 2)
+        reference = GenerationMixin.generate(target, x, decoder_input_ids=prompt, max_new_tokens=MAX_NEW)
+        out = decoder_for(target, "shared_encoder-random").generate(prompt, input_features=x, max_new_tokens=MAX_NEW)
+        assert_same(reference, out.sequences)
+        assert built and all(lengths == [4, 4] for lengths in built)  # the prompt's 4 tokens: the begin index
