@@ -31,6 +31,8 @@ English, task transcribe, no timestamps, greedy):
   (``screened_head=False``); the default screens it in bfloat16 where this CPU runs that faster and
   recomputes in float32 the logits that could be the argmax (``core/screened_head.py``).
 - ``specdec-draft2``: ``specdec`` with the shared-encoder draft of ``--draft2`` instead.
+- ``specdec-draftint8``: ``specdec`` with the draft's linear layers on int8 weights
+  (``matmul_precision = "int8"``: fbgemm's dynamic int8 linear, a scale per output row).
 - ``specdec-allframes``: ``specdec`` with the draft's cross-attention over all 1500 encoder frames
   (``encoder_frames = "all"``, as before stop 60) instead of the audio's.
 - ``specdec-head``, ``specdec-head-alt3``: ``WhisperSpeculativeDecoder`` with the ``hidden-state``
@@ -229,6 +231,8 @@ def contenders(target, draft, policy: str, int8, assistant, hf_tokens: int | Non
         # screen it in bfloat16 where this CPU runs that faster; core/screened_head.py).
         out[named("specdec-unscreened", choice)] = (None, speculative(draft, choice, screened=False))
         out[named("specdec-alt3-fp32", choice)] = (None, speculative(draft, choice, alternatives=3, precision="highest"))
+        # The draft's linear layers on int8 weights (matmul_precision "int8", stop 60).
+        out[named("specdec-draftint8", choice)] = (None, speculative(draft, choice, precision="int8"))
         # The draft's cross-attention over all 1500 encoder frames, as before stop 60.
         out[named("specdec-allframes", choice)] = (None, speculative(draft, choice, frames="all"))
     for choice in choices if other_draft is not None else ():
@@ -263,7 +267,7 @@ def measure(args) -> dict:
     wanted = set(args.contenders.split(","))
     # Only contenders that draft with it load the draft: base's peak memory (--memory) must not hold it.
     draft = load_shared_encoder_draft(args.draft, target) if wanted & {"specdec", "specdec-unpacked", "specdec-stop21", "specdec-widthon", "specdec-stop34", "specdec-alt1", "specdec-alt2", "specdec-alt3",
-                                                                   "specdec-fp32", "specdec-alt3-fp32", "specdec-unscreened", "specdec-allframes",
+                                                                   "specdec-fp32", "specdec-alt3-fp32", "specdec-unscreened", "specdec-allframes", "specdec-draftint8",
                                                                    "hf-assisted"} else None
     eot = target.generation_config.eos_token_id
     clock = EncoderClock(target)

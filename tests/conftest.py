@@ -43,7 +43,7 @@ def pin_packing(monkeypatch, start: int | None = 4, smallest: int = 3 << 18, one
 
     monkeypatch.setattr(packed_linear, "_MEASURED", {})
     monkeypatch.setattr(packed_linear, "_MEASURED_BF16", {})
-    for cache in ("_LINEARS", "_CANDIDATES", "_BF16_PLANS"):  # models cached across tests
+    for cache in ("_LINEARS", "_CANDIDATES", "_BF16_PLANS", "_INT8_PLANS"):  # models cached across tests
         monkeypatch.setattr(packed_linear, cache, weakref.WeakKeyDictionary())
     monkeypatch.setattr(packed_linear, "time_shape", timed)
     monkeypatch.setattr(packed_linear, "time_shape_bfloat16", timed_bfloat16)

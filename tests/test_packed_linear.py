@@ -27,6 +27,7 @@ from .tiny_whisper import NO_TIMESTAMPS, SOT, TRANSCRIBE, decoder_of, features, 
 
 pytestmark = pytest.mark.skipif(not packed_linear.available(), reason="this torch has no oneDNN")
 needs_bfloat16 = pytest.mark.skipif(not packed_linear.bfloat16_available(), reason="no oneDNN bfloat16 matmul here")
+needs_int8 = pytest.mark.skipif(not packed_linear.int8_available(), reason="no fbgemm int8 linear here")
 
 
 def linear(out_features=2048, in_features=512, bias=True, dtype=torch.float32) -> torch.nn.Linear:
@@ -642,10 +643,79 @@ def test_matmul_precision_is_checked(tmp_path):
     for drafter in (lambda value: ModelDrafter(decoder_of(tiny_whisper(seed=0)), matmul_precision=value),
                     lambda value: HiddenStateDrafter("head.safetensors", matmul_precision=value)):
         with pytest.raises(ConfigError, match=r"option 'matmul_precision' must be one of 'highest', 'medium', 'auto', "
-                                              r"got 'bf16'"):
+                                              r"'int8', got 'bf16'"):
             drafter("bf16")
     toml = tmp_path / "plugins.toml"
     toml.write_text(f'[target]\nmodel = "{PAIR / "target"}"\n\n[drafter]\nuse = "model"\nmodel = "{PAIR / "draft"}"\n'
                     'matmul_precision = "low"\n')
     with pytest.raises(ConfigError, match=r"drafter 'model': option 'matmul_precision' must be one of .*got 'low'"):
         SpeculativeDecoder.from_config(SpecdecConfig.from_toml(toml))
+
+
+@needs_int8
+def test_an_int8_layer_computes_the_linear_layer_to_int8s_rounding():
+    layer = linear()
+    for rows in (1, 3, 8):
+        x = torch.randn(rows, 512)
+        with torch.no_grad():
+            out = packed_linear._int8_forward(layer, x)
+            expected = F.linear(x, layer.weight, layer.bias)
+        assert out.dtype == torch.float32 and out.shape == expected.shape
+        assert not torch.equal(out, expected)  # int8's products, not float32's
+        assert float((out - expected).norm() / expected.norm()) < 0.05  # 7-bit rows, 8-bit weights
+    x = torch.randn(2, 3, 512)  # a [batch, tokens, features] block
+    with torch.no_grad():
+        assert packed_linear._int8_forward(layer, x).shape == (2, 3, 2048)
+    assert torch.equal(packed_linear._int8_forward(layer, x), F.linear(x, layer.weight, layer.bias))  # training: float32
+    assert layer.weight in packed_linear._PACKED_INT8
+
+
+@needs_pair
+@needs_int8
+@torch.no_grad()
+def test_a_draft_on_int8_weights_stays_exact_and_the_target_never_reads_them(monkeypatch):
+    """The bundled pair in float32 with ``matmul_precision = "int8"``: the draft's steps read int8
+    weights and the output is generate's at batch 1 and 2; none of the target's weights are
+    quantised. Without fbgemm the draft runs as "auto" and nothing is quantised."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(PAIR, local_files_only=True, padding_side="left")
+    target, draft = (AutoModelForCausalLM.from_pretrained(PAIR / name, dtype=torch.float32, local_files_only=True).eval()
+                     for name in ("target", "draft"))
+    batch = tokenizer(["def fibonacci(n):\n", "import os\n\n\ndef main("], return_tensors="pt", padding=True)
+    expected = target.generate(**batch, max_new_tokens=24, do_sample=False)
+    for fbgemm in (True, False):
+        pin_packing(monkeypatch, start=4, smallest=1 << 20, one_row=True)
+        monkeypatch.setattr(packed_linear, "_PACKED_INT8", packed_linear.WeakIdKeyDictionary())
+        monkeypatch.setattr(packed_linear, "int8_available", lambda: fbgemm)
+        decoder = SpeculativeDecoder(target=target, drafter=ModelDrafter(draft, matmul_precision="int8"),
+                                     policy=ConstantLookahead(k=3), screened_head=False)
+        for rows in (slice(0, 1), slice(0, 2)):
+            inputs = {name: value[rows] for name, value in batch.items()}
+            out = decoder.generate(**inputs, max_new_tokens=24)
+            reference = expected[rows] if rows.stop == 2 else target.generate(**inputs, max_new_tokens=24, do_sample=False)
+            assert torch.equal(out.sequences, reference[:, : out.sequences.shape[1]]), fbgemm
+        assert out.stats.accepted > 0
+        assert (draft.lm_head.weight in packed_linear._PACKED_INT8) is fbgemm
+        assert (draft.model.layers[0].mlp.up_proj.weight in packed_linear._PACKED_INT8) is fbgemm
+        assert not any(parameter in packed_linear._PACKED_INT8 for parameter in target.parameters())
+
+
+@needs_int8
+def test_a_whisper_draft_on_int8_weights_stays_exact(monkeypatch):
+    """The shared-encoder draft of a float32 Whisper on int8 weights: the transcript is generate's,
+    the draft drafted and was accepted, and its layers were quantised, none of the target's."""
+    pin_packing(monkeypatch, smallest=0, one_row=True)
+    monkeypatch.setattr(packed_linear, "_PACKED_INT8", packed_linear.WeakIdKeyDictionary())
+    target = tiny_whisper(seed=0).float()
+    draft = decoder_of(target)
+    x = features(4, seed=11).float()
+    prompt = torch.tensor([[SOT, 258, TRANSCRIBE, NO_TIMESTAMPS]] * 4)
+    reference = GenerationMixin.generate(target, x, decoder_input_ids=prompt, max_new_tokens=16)
+    decoder = SpeculativeDecoder(target=target, drafter=SharedEncoderDrafter(model=draft, matmul_precision="int8"),
+                                 policy=ConstantLookahead(k=3))
+    out = decoder.generate(prompt, input_features=x, max_new_tokens=16)
+    assert torch.equal(out.sequences, reference)
+    assert out.stats.drafted > 0 and out.stats.accepted > 0
+    assert draft.model.decoder.layers[0].fc1.weight in packed_linear._PACKED_INT8
+    assert not any(parameter in packed_linear._PACKED_INT8 for parameter in target.parameters())

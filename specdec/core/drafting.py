@@ -15,8 +15,8 @@ from .types import Draft
 MAX_ALTERNATIVES = 8
 # A drafter's matmul_precision (core/packed_linear.py): "highest" its float32 as loaded, "medium"
 # bfloat16 weights in every step's linear layers, "auto" bfloat16 for the weight shapes this machine
-# runs faster so.
-MATMUL_PRECISIONS = ("highest", "medium", "auto")
+# runs faster so, "int8" int8 weights (a scale per output row) with the rows quantised per call.
+MATMUL_PRECISIONS = ("highest", "medium", "auto", "int8")
 
 
 def alternatives_option(instance, attribute, value) -> None:
