@@ -305,6 +305,14 @@ def test_a_whisper_target_screens_its_head_under_suppression_and_stays_exact(mon
         out = decoder.generate(prompt, input_features=x, max_new_tokens=16)
         assert torch.equal(out.sequences, reference), drafter.name
         assert counter.rows, drafter.name
+        # the first read too (2 rows x 4 prompt tokens and 3 drafts, 14 > MAX_ROWS, is not screened)
+    for rows in (1, 2):
+        counter.rows.clear()
+        decoder = SpeculativeDecoder(target=target, drafter=SharedEncoderDrafter(model=decoder_of(target)),
+                                     policy=ConstantLookahead(k=3))
+        out = decoder.generate(prompt[:rows], input_features=x[:rows], max_new_tokens=16)
+        assert torch.equal(out.sequences, reference[:rows])
+        assert (counter.rows[0] == 7) is (rows == 1), counter.rows  # its 4 prompt tokens and 3 drafts
 
 
 @needs_bfloat16

@@ -741,8 +741,12 @@ class Seq2SeqRunner:
                                                first_query_slot=slots.length - input_ids.shape[1], branches=branches)
         tokens = {"decoder_input_ids": input_ids} if inputs_embeds is None else {"decoder_inputs_embeds": inputs_embeds}
         step = slots.length > input_ids.shape[1]  # the first read computes the cross-attention keys, as generate's
+        # Its LM head may be screened all the same (the argmax stays float32's; the keys are not the
+        # head's): the model scores every column it reads, the decoder prompt's too, and on
+        # whisper-base a first read of 4 prompt tokens and 3 drafts took 13.5 ms in the head alone
+        # on torch's path (docs/benchmarks.md, stop 60).
         with (packed_steps(self.model, input_ids.numel(), self.packed_one_row, self.matmul_precision) if self.packed_steps and step
-              else nullcontext()), (screened_head(self.model, self.screen_suppressed) if self.screened_steps and step else nullcontext()):
+              else nullcontext()), (screened_head(self.model, self.screen_suppressed) if self.screened_steps else nullcontext()):
             out = self.model(
                 encoder_outputs=self.encoder_outputs,
                 attention_mask=self._encoder_mask,
