@@ -175,3 +175,61 @@ class TestSharedEncoderReduced:
         drafted = drafted_tokens(recorder)
         assert drafted.numel() > 0 and torch.isin(drafted, WHISPER_MAP).all()
         assert whisper.stats.decode.accepted > 0
+
+    @pytest.mark.parametrize("batch", [1, 3])
+    @pytest.mark.parametrize("eot_bias", [0.0, 50.0], ids=["plain", "eot-favoured"])
+    def test_in_the_map_it_drafts_what_the_whole_vocabulary_would(self, target, batch, eot_bias, monkeypatch):
+        """Greedy, with Whisper's processors that only suppress tokens: the draft picks its token among
+        its own scores (``TokenByToken.reads_reduced``), and every draft (tokens, q of each token) is
+        the one scored over the whole vocabulary. With the draft's head favouring <|endoftext|>, which
+        ``begin_suppress_tokens`` forbids at the first generated position only, the first draft
+        position of the request takes the runner-up and later ones take <|endoftext|>."""
+        from specdec.core import drafting
+        from specdec.core.state import DecodeState
+
+        draft = build_draft(target, WHISPER_MAP, init_layers=[0])
+        head = torch.nn.Linear(draft.proj_out.in_features, draft.proj_out.out_features, dtype=draft.dtype)
+        with torch.no_grad():
+            head.weight.copy_(draft.proj_out.weight)
+            head.bias.zero_()
+            head.bias[(WHISPER_MAP == EOT).nonzero().item()] = eot_bias
+        draft.proj_out = head
+        x = features(batch, seed=60 + batch)
+        reference = target.generate(x, max_new_tokens=16, language="en")
+        in_map = []
+        original = drafting.TokenByToken._add_in_map
+        monkeypatch.setattr(drafting.TokenByToken, "_add_in_map", lambda self, scores: in_map.append(1) or original(self, scores))
+        runs = []
+        for whole_vocabulary in (False, True):
+            if whole_vocabulary:
+                monkeypatch.setattr(DecodeState, "suppression_in", lambda self, token_map: None)
+            recorder, count = Recorder(), len(in_map)
+            decoder = SpeculativeDecoder(target=target, drafter=SharedEncoderDrafter(model=draft),
+                                         policy=ConstantLookahead(k=3), observers=[recorder])
+            out = WhisperSpeculativeDecoder(decoder).generate(x, max_new_tokens=16, language="en")
+            assert torch.equal(reference, out)
+            assert (len(in_map) > count) is not whole_vocabulary
+            runs.append(recorder.steps)
+        assert len(runs[0]) == len(runs[1])
+        for mine, theirs in zip(*runs):
+            assert torch.equal(mine.draft.tokens, theirs.draft.tokens)
+            if mine.draft.width:  # a plain step (the budget's last token) drafts nothing
+                assert torch.allclose(mine.draft.token_probs, theirs.draft.token_probs, rtol=1e-5, atol=1e-7)
+        if eot_bias:
+            first = runs[0][0].draft.tokens
+            assert (first[:, 0] != EOT).all() and (first[:, 1:] == EOT).all()
+
+    def test_timestamps_score_the_whole_vocabulary(self, target, monkeypatch):
+        """Whisper's timestamp processor reads the tokens so far: the draft goes through the processors
+        over the whole vocabulary."""
+        from specdec.core import drafting
+
+        in_map = []
+        original = drafting.TokenByToken._add_in_map
+        monkeypatch.setattr(drafting.TokenByToken, "_add_in_map", lambda self, scores: in_map.append(1) or original(self, scores))
+        decoder = SpeculativeDecoder(target=target, drafter=SharedEncoderDrafter(model=build_draft(target, WHISPER_MAP, init_layers=[0])),
+                                     policy=ConstantLookahead(k=3))
+        x = features(1, seed=70)
+        out = WhisperSpeculativeDecoder(decoder).generate(x, max_new_tokens=16, return_timestamps=True)
+        assert torch.equal(out, target.generate(x, max_new_tokens=16, return_timestamps=True))
+        assert not in_map

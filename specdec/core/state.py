@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 from typing import Any, Callable, NamedTuple
 
 import attrs
@@ -75,6 +76,7 @@ class DecodeState:
     generator: torch.Generator | None = None
     model_inputs: dict[str, Any] = attrs.Factory(dict)  # the request's encoder inputs, all rows
     _prepared: tuple | None = attrs.field(default=None, init=False, repr=False)  # (vocab, the processors' stages)
+    _in_map: tuple | None = attrs.field(default=None, init=False, repr=False)  # (token map, suppression_in's answer)
     # The target's encoder output for every row (original order) once the loop has encoded the
     # request; None for decoder-only targets. A drafter that shares the target's encoder reads it.
     encoder_outputs: Any = None
@@ -272,6 +274,33 @@ class DecodeState:
                 flat = processor(no_ids, flat)
             scores = flat.reshape(batch, width, vocab)
         return scores
+
+    def suppression_in(self, token_map):
+        """For a draft whose head scores only ``token_map``'s tokens (core/reduced_vocab.py): when every
+        processor only suppresses tokens (Whisper's ``suppress_tokens`` and ``begin_suppress_tokens``),
+        what they do to those tokens, so that the draft can pick its token among them without scoring
+        the whole vocabulary: ``(ids [V'] on the device, always [V'] bool, [(at-begin processor,
+        [V'] bool), ...])``. None where another processor reads or changes the scores, or where they
+        would leave none of the map's tokens (the draft then goes through ``process`` over the whole
+        vocabulary). Built once per request and map."""
+        if self._in_map is not None and self._in_map[0] is token_map:
+            return self._in_map[1]
+        answer = None
+        if {type(processor) for processor in self.processors} <= {SuppressTokensLogitsProcessor,
+                                                                   SuppressTokensAtBeginLogitsProcessor}:
+            ids = token_map.ids.to(self.device)
+            always = torch.zeros(ids.shape[0], dtype=torch.bool, device=self.device)
+            at_begin = []
+            for processor in self.processors:
+                prepared = _prepared_processor(processor, token_map.vocab, self.device)
+                if prepared.at_begin:
+                    at_begin.append((processor, prepared.mask[ids]))
+                else:
+                    always |= prepared.mask[ids]
+            if not bool(functools.reduce(torch.logical_or, [mask for _, mask in at_begin], always).all()):
+                answer = (ids, always, at_begin)
+        self._in_map = (token_map, answer)
+        return answer
 
     def _length_groups(self) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """For each set of rows of equal length L: ``(committed prefix [G, L], active positions [G],

@@ -164,12 +164,13 @@ class ModelDrafter(Drafter):
 
     @no_grad
     def propose(self, state, max_tokens, keep_drafting) -> Draft:
-        draft = TokenByToken(state, max_tokens, keep_drafting, self.alternatives, reduced=self._reduced is not None)
+        draft = TokenByToken(state, max_tokens, keep_drafting, self.alternatives, reduced=self._reduced is not None,
+                             token_map=self._reduced)
         fed = None  # the first read of a round catches up on the committed tokens by itself
         while True:
             logits = self._cached.read(state, fed)[:, -1].float()  # [B, V] (or [B, V'] from a reduced head)
             state.draft_calls += 1
-            if self._reduced is not None:
+            if self._reduced is not None and not draft.reads_reduced:
                 logits = self._reduced.expand(logits)  # [B, V], -inf outside the map: q is zero there
             token = draft.add(logits)  # [B]
             if not draft.more():
