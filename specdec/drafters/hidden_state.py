@@ -191,13 +191,16 @@ class HiddenStateDrafter(Drafter):
         return draft
 
     def _draft(self, state, max_tokens, keep_drafting) -> Draft:
-        draft, fed, embed, last = TokenByToken(state, max_tokens, keep_drafting, self.alternatives, reduced=True), None, self._inputs(state), self._hidden.shape[1] - 1
+        draft = TokenByToken(state, max_tokens, keep_drafting, self.alternatives, reduced=True, token_map=self._reduced)
+        fed, embed, last = None, self._inputs(state), self._hidden.shape[1] - 1
         while True:
             logits, predicted = self._cached.read(state, fed, embed=embed, hidden=True)  # [B, 1, V'], [B, n, H]
             state.draft_calls += 1
             # The predicted hidden state at the last position read feeds the next drafted token.
             self._hidden[state.rows, self._cached.positions[:, -1].clamp(max=last)] = predicted[:, -1]
-            token = draft.add(self._reduced.expand(logits[:, -1]))  # [B, V]: -inf, so q is zero, outside the map
+            scores = logits[:, -1].float()  # [B, V']
+            # [B, V] with -inf outside the map (so q is zero there), unless it drafts among the map's own
+            token = draft.add(scores if draft.reads_reduced else self._reduced.expand(scores))
             if not draft.more():
                 break
             fed = token[:, None]
