@@ -350,6 +350,7 @@ class TestShippedDraft:
         target, _ = config.load_target()
         decoder = SpeculativeDecoder.from_config(config, target=target)
         assert isinstance(decoder.policy, CostAwareLookahead)
+        assert (decoder.drafter.matmul_precision, decoder.drafter.encoder_frames) == ("int8", "audio")
         whisper = WhisperSpeculativeDecoder(decoder)
         generator = torch.Generator().manual_seed(0)
         for batch in (1, 2, 1):
