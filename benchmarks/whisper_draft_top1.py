@@ -10,13 +10,17 @@ The eval utterances of at most 30 s in ``--languages`` (default en: the 24 short
 through the target once (encoder and greedy transcript, language forced, no timestamps; cached in
 ``--cache``), exactly as in training (``specdec.training.whisper_draft.cached_teacher_pass``).
 ``--init-layers 0`` (repeatable, e.g. 0 or 0,5) also scores an untrained draft built from the
-target's layers with the map of ``--draft``'s first folder.
+target's layers with the map of ``--draft``'s first folder. ``--margins 100,50,0`` also scores each
+draft with its cross-attention cut to each utterance's audio and that many encoder frames past it
+(ceil(seconds x 50) + margin, one utterance at a time), as the ``shared-encoder`` drafter's
+``encoder_frames = "audio"`` reads (stop 60: 100 frames keep 77.1 % of the draft's 77.6 %).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -34,6 +38,7 @@ def main() -> int:
     parser.add_argument("--cache", type=Path, help="keep the eval teacher pass in this file")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--margins", default="", help="comma-separated encoder frames past the audio (see above)")
     args = parser.parse_args()
 
     import torch
@@ -42,7 +47,7 @@ def main() -> int:
     from specdec.config import resolve_model
     from specdec.core.models import load_pretrained
     from specdec.drafters.shared_encoder_draft import build_draft, load_shared_encoder_draft
-    from specdec.training.whisper_draft import cached_teacher_pass, heldout_top1, read_utterances
+    from specdec.training.whisper_draft import TeacherData, cached_teacher_pass, heldout_top1, read_utterances
 
     torch.set_num_threads(args.threads)
     path = resolve_model(args.target, who="--target")
@@ -70,6 +75,16 @@ def main() -> int:
                         "head": int(draft.token_map.numel()), "seconds": time.perf_counter() - started})
         print(f"{name}: teacher-forced top-1 {top1:.1%} ({draft.config.decoder_layers} layer(s), "
               f"{draft.token_map.numel()}-token head)")
+        for margin in [int(m) for m in args.margins.split(",") if m.strip()]:
+            right = seen = 0
+            for row, utterance in enumerate(utterances):
+                frames = min(data.encoder_states.shape[1], math.ceil(utterance.seconds * 50) + margin)
+                cut = TeacherData(data.encoder_states[row : row + 1, :frames], [data.labels[row]], data.prompt_length)
+                tokens = len(data.labels[row]) - data.prompt_length
+                right += heldout_top1(draft, cut, [0], target.config.vocab_size) * tokens
+                seen += tokens
+            results.append({"draft": name, "margin": margin, "top1": right / max(seen, 1)})
+            print(f"{name}, the audio's encoder frames and {margin} more: teacher-forced top-1 {right / max(seen, 1):.1%}")
     if args.json:
         args.json.write_text(json.dumps({"utterances": len(utterances), "tokens": tokens, "results": results}, indent=1))
     return 0
