@@ -63,6 +63,7 @@ def main() -> int:
     parser.add_argument("--draft", type=Path, default=Path(__file__).resolve().parent.parent / "models" / "whisper-base-draft",
                         help="the shared-encoder draft for the 'draft' drafter")
     parser.add_argument("--k", type=int, default=5, help="constant lookahead")
+    parser.add_argument("--precision", default="int8", help="the draft's matmul_precision (whisper.toml's: int8)")
     parser.add_argument("--limit", type=int, default=0)
     parser.add_argument("--languages", default="en,de,fr")
     parser.add_argument("--threads", type=int, default=2)
@@ -83,7 +84,7 @@ def main() -> int:
         elif name == "model":
             drafters[name] = ModelDrafter(model=load(str(path))[0])
         elif name == "draft":  # the distilled reduced-head draft shipped in models/whisper-base-draft
-            drafters[name] = SharedEncoderDrafter(model=str(args.draft))
+            drafters[name] = SharedEncoderDrafter(model=str(args.draft), matmul_precision=args.precision)
         elif name:
             raise SystemExit(f"unknown drafter {name!r} (ngram, model, draft)")
     decoders = {name: WhisperSpeculativeDecoder(SpeculativeDecoder(target=target, drafter=drafter, policy=ConstantLookahead(k=args.k),

@@ -374,8 +374,9 @@ def _drafter_widths(switch: _Switch) -> frozenset[int]:
 def int8_available() -> bool:
     """Whether this torch runs fbgemm's dynamic int8 linear layer (x86 CPU builds). Asked at every
     drafter step: the build does not change in a process."""
-    return ("fbgemm" in torch.backends.quantized.supported_engines and hasattr(torch.ops.quantized, "linear_dynamic")
-            and hasattr(torch.ops.quantized, "linear_prepack"))
+    # torch marks its quantised tensors deprecated: a torch without them runs "int8" as "auto"
+    return ("fbgemm" in torch.backends.quantized.supported_engines and hasattr(torch, "quantize_per_channel")
+            and hasattr(torch.ops.quantized, "linear_dynamic") and hasattr(torch.ops.quantized, "linear_prepack"))
 
 
 def packed_weight_int8(weight: torch.Tensor):
