@@ -365,3 +365,40 @@ def test_wide_calls_and_unsure_rows_read_the_float32_head():
     forward = lambda x: fallback.append(x.shape) or torch.nn.functional.linear(x, head.weight)  # noqa: E731
     screened_head._screened_forward(head, forward, (), torch.randn(1, screened_head.MAX_ROWS + 1, 64))
     assert fallback == [torch.Size([1, screened_head.MAX_ROWS + 1, 64])]
+
+
+@needs_bfloat16
+def test_a_lone_rows_screened_head_gets_no_packed_float32_copy_until_a_call_reads_it(monkeypatch):
+    """At batch 1 every verify of up to MAX_ROWS tokens is screened, so the head's packed float32
+    copy (101 MiB on whisper-base) is not made as the request begins; a batched request, whose wider
+    verifies read it, packs it as it begins, and a lone row's verify past MAX_ROWS packs it then."""
+    from transformers import GenerationMixin
+
+    from specdec.drafters import SharedEncoderDrafter
+
+    from .tiny_whisper import NO_TIMESTAMPS, SOT, TRANSCRIBE, decoder_of, features, tiny_whisper
+
+    pin_packing(monkeypatch, smallest=0, bfloat16=True)
+    monkeypatch.setattr(screened_head, "_PLANS", screened_head.WeakIdKeyDictionary())
+    monkeypatch.setattr(packed_linear, "_PACKED", packed_linear.WeakIdKeyDictionary())
+    target = tiny_whisper(seed=0).float()
+    head, layer = target.proj_out.weight, target.model.decoder.layers[0].fc1.weight
+    x = features(2, seed=11).float()
+    prompt = torch.tensor([[SOT, 258, TRANSCRIBE, NO_TIMESTAMPS]] * 2)
+    reference = GenerationMixin.generate(target, x, decoder_input_ids=prompt, max_new_tokens=40)
+    for rows, k, packed in ((1, 3, False), (1, 9, True), (2, 3, True)):  # k = 9: verifies of 10 tokens
+        monkeypatch.setattr(packed_linear, "_PACKED", packed_linear.WeakIdKeyDictionary())
+        decoder = SpeculativeDecoder(target=target, drafter=SharedEncoderDrafter(model=decoder_of(target)),
+                                     policy=ConstantLookahead(k=k))
+        out = decoder.generate(prompt[:rows], input_features=x[:rows], max_new_tokens=40)
+        assert torch.equal(out.sequences, reference[:rows, : out.sequences.shape[1]])
+        assert layer in packed_linear._PACKED
+        assert (head in packed_linear._PACKED) is packed, (rows, k)
+    # where bfloat16 is timed slower the head is not screened: its verifies read the float32 copy, made as it begins
+    pin_packing(monkeypatch, smallest=0, bfloat16=False)
+    monkeypatch.setattr(screened_head, "_PLANS", screened_head.WeakIdKeyDictionary())
+    monkeypatch.setattr(packed_linear, "_PACKED", packed_linear.WeakIdKeyDictionary())
+    decoder = SpeculativeDecoder(target=target, drafter=SharedEncoderDrafter(model=decoder_of(target)),
+                                 policy=ConstantLookahead(k=0))
+    decoder.generate(prompt[:1], input_features=x[:1], max_new_tokens=4)
+    assert head in packed_linear._PACKED

@@ -73,11 +73,18 @@ class CachedModel:
         # A drafter's one-token steps too: only the target's plain steps must stay generate's own.
         self.runner.packed_one_row = self.runner.packed_steps and self.role != "target"
         self.runner.matmul_precision = self.matmul_precision if self.runner.packed_one_row else "highest"
-        if self.runner.packed_steps:
-            pack(self.model, self.runner.matmul_precision)  # now, not in the first step the policies time
         # Greedy verifies of a float32 target: its LM head in bfloat16, the argmax's candidates in float32.
-        self.runner.screened_steps = (self.role == "target" and state.screen_suppressed is not None and self.runner.packed_steps
-                                      and screened_head.applies_to(self.model) and bool(screened_head.prepare(self.model)))
+        screens = (self.role == "target" and state.screen_suppressed is not None and self.runner.packed_steps
+                   and screened_head.applies_to(self.model))
+        # A lone row's verifies (up to screened_head.MAX_ROWS tokens) never read a screened head's
+        # packed float32 copy: it is made at the first call that does, if one comes (101 MiB on
+        # whisper-base, stop 60).
+        leave = (screened_head.head_of(self.model),) if screens and state.batch_size == 1 else ()
+        if self.runner.packed_steps:
+            pack(self.model, self.runner.matmul_precision, leave=leave)  # now, not in the first step the policies time
+        self.runner.screened_steps = screens and bool(screened_head.prepare(self.model))
+        if leave and not self.runner.screened_steps:  # not screened on this machine: read in float32 after all
+            pack(self.model, self.runner.matmul_precision)
         self.runner.screen_suppressed = state.screen_suppressed if self.runner.screened_steps else ()
         self.runner.grouped_steps = (not self.runner.rereads and not self.runner.compiled_steps
                                      and gqa_attention.applies_to(self.model))

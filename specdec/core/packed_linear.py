@@ -219,18 +219,21 @@ def trial_width(rows: int) -> int:
     return max((width for width in TRIAL_ROWS if width <= rows), default=TRIAL_ROWS[0])
 
 
-def pack(model: torch.nn.Module, matmul_precision: str = "highest") -> None:
+def pack(model: torch.nn.Module, matmul_precision: str = "highest", leave: tuple[torch.nn.Module, ...] = ()) -> None:
     """Pack every layer ``packed_steps`` would switch, now (a no-op for layers already packed), in
     bfloat16 too where ``matmul_precision`` reads it. specdec calls it as a request begins: packing
     takes time (0.85 s for SmolLM2-135M), which would otherwise land in the first multi-token step,
-    where the cost-aware policies would take it for what a verify costs."""
+    where the cost-aware policies would take it for what a verify costs. The float32 copies of
+    ``leave``'s layers are made at their first packed call instead (a screened LM head at batch 1,
+    whose verifies never read it: CachedModel.begin)."""
     if matmul_precision == "int8" and int8_available():
         for module, _ in _int8_plan(model):
             packed_weight_int8(module.weight)
         return
     if matmul_precision == "highest" or not bfloat16_available():
         for switch in _switches(model):
-            packed_weight(switch.module.weight)
+            if not any(switch.module is module for module in leave):
+                packed_weight(switch.module.weight)
         return
     matmul_precision = "auto" if matmul_precision == "int8" else matmul_precision  # no fbgemm here
     switches, candidates = _switches(model), _candidates(model)  # float32's timing first, with its own message

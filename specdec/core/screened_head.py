@@ -71,14 +71,15 @@ def applies_to(model: torch.nn.Module) -> bool:
     """Whether ``model``'s LM head could be screened on this machine: a bias-free ``nn.Linear`` of
     float32 weights on the CPU, large enough to be packed, with no forward of its own set by
     someone else, on a torch whose oneDNN runs bfloat16."""
-    head = _head(model)
+    head = head_of(model)
     return (head is not None and head.bias is None and "forward" not in head.__dict__
             and head.weight.dtype == torch.float32 and head.weight.device.type == "cpu"
             and head.weight.numel() >= packed_linear.MIN_WEIGHT and packed_linear.available()
             and packed_linear.bfloat16_available())
 
 
-def _head(model: torch.nn.Module) -> torch.nn.Linear | None:
+def head_of(model: torch.nn.Module) -> torch.nn.Linear | None:
+    """The LM head the screen would serve: ``model``'s output embeddings, an exact ``nn.Linear``."""
     get = getattr(model, "get_output_embeddings", None)
     head = get() if get is not None else None
     return head if type(head) is torch.nn.Linear else None
@@ -87,7 +88,7 @@ def _head(model: torch.nn.Module) -> torch.nn.Linear | None:
 def prepare(model: torch.nn.Module) -> frozenset[int]:
     """Time the head's shape in bfloat16 (once per machine) and make its bfloat16 copy and norm now,
     not in the first verify that the cost-aware policies time; the trial widths it is screened at."""
-    head = _head(model)
+    head = head_of(model)
     if head.weight not in _PLANS and packed_linear._untimed([head], packed_linear._MEASURED_BF16, packed_linear.BF16_KEY):
         started = time.perf_counter()  # said as the packed layers' first timings are
         _log.info("timing the LM head of %s in bfloat16 on this CPU (once per machine, kept in %s)",
@@ -119,7 +120,7 @@ def suppression_masks(processors, model: torch.nn.Module) -> tuple[torch.Tensor,
 
     if not processors:
         return ()
-    weight = _head(model).weight
+    weight = head_of(model).weight
     always = torch.zeros(weight.shape[0], dtype=torch.bool, device=weight.device)
     at_begin = None
     for processor in processors:
@@ -138,7 +139,7 @@ def screened_head(model: torch.nn.Module, suppressed: tuple[torch.Tensor, ...] =
     """Within it, ``model``'s LM head screens its multi-row calls (at the widths ``prepare`` found
     bfloat16 faster at), each row's argmax taken over the tokens outside each of ``suppressed``
     (``suppression_masks``); other calls go to the forward it had on entry (a packed one, or its own)."""
-    head = _head(model)
+    head = head_of(model)
     previous = head.__dict__.get("forward")
     head.forward = functools.partial(_screened_forward, head, previous or type(head).forward.__get__(head), suppressed)
     try:
