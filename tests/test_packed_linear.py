@@ -462,25 +462,28 @@ def test_whisper_decoder_steps_pack_and_stay_exact(monkeypatch):
     assert counter.packed(target.model.decoder.layers[0].encoder_attn.k_proj.weight) == 0
 
 
-@needs_bfloat16
 @torch.no_grad()
-def test_a_whisper_draft_on_bfloat16_weights_stays_exact(monkeypatch):
+@pytest.mark.parametrize("precision, copies", [pytest.param("medium", "_PACKED_BF16", marks=needs_bfloat16),
+                                               pytest.param("int8", "_PACKED_INT8", marks=needs_int8)])
+def test_a_whisper_draft_on_bfloat16_or_int8_weights_stays_exact(monkeypatch, precision, copies):
     """The shared-encoder draft of a float32 Whisper with every layer reading bfloat16 weights
-    ("medium"): the transcript is generate's, the draft drafted and was accepted, its decoder layers
-    were copied to bfloat16, and none of the target's weights were."""
+    ("medium") or int8 ones: the transcript is generate's, the draft drafted and was accepted, its
+    decoder layers were copied to that precision, and none of the target's weights were."""
     pin_packing(monkeypatch, smallest=0, one_row=True)
+    monkeypatch.setattr(packed_linear, copies, packed_linear.WeakIdKeyDictionary())
     target = tiny_whisper(seed=0).float()
     draft = decoder_of(target)
     x = features(4, seed=11).float()
     prompt = torch.tensor([[SOT, 258, TRANSCRIBE, NO_TIMESTAMPS]] * 4)
     reference = GenerationMixin.generate(target, x, decoder_input_ids=prompt, max_new_tokens=16)
-    decoder = SpeculativeDecoder(target=target, drafter=SharedEncoderDrafter(model=draft, matmul_precision="medium"),
+    decoder = SpeculativeDecoder(target=target, drafter=SharedEncoderDrafter(model=draft, matmul_precision=precision),
                                  policy=ConstantLookahead(k=3))
     out = decoder.generate(prompt, input_features=x, max_new_tokens=16)
     assert torch.equal(out.sequences, reference)
     assert out.stats.drafted > 0 and out.stats.accepted > 0
-    assert draft.model.decoder.layers[0].fc1.weight in packed_linear._PACKED_BF16
-    assert not any(parameter in packed_linear._PACKED_BF16 for parameter in target.parameters())
+    copied = getattr(packed_linear, copies)
+    assert draft.model.decoder.layers[0].fc1.weight in copied
+    assert not any(parameter in copied for parameter in target.parameters())
 
 
 def test_packed_weights_is_checked(tmp_path):
@@ -699,23 +702,3 @@ def test_a_draft_on_int8_weights_stays_exact_and_the_target_never_reads_them(mon
         assert (draft.lm_head.weight in packed_linear._PACKED_INT8) is fbgemm
         assert (draft.model.layers[0].mlp.up_proj.weight in packed_linear._PACKED_INT8) is fbgemm
         assert not any(parameter in packed_linear._PACKED_INT8 for parameter in target.parameters())
-
-
-@needs_int8
-def test_a_whisper_draft_on_int8_weights_stays_exact(monkeypatch):
-    """The shared-encoder draft of a float32 Whisper on int8 weights: the transcript is generate's,
-    the draft drafted and was accepted, and its layers were quantised, none of the target's."""
-    pin_packing(monkeypatch, smallest=0, one_row=True)
-    monkeypatch.setattr(packed_linear, "_PACKED_INT8", packed_linear.WeakIdKeyDictionary())
-    target = tiny_whisper(seed=0).float()
-    draft = decoder_of(target)
-    x = features(4, seed=11).float()
-    prompt = torch.tensor([[SOT, 258, TRANSCRIBE, NO_TIMESTAMPS]] * 4)
-    reference = GenerationMixin.generate(target, x, decoder_input_ids=prompt, max_new_tokens=16)
-    decoder = SpeculativeDecoder(target=target, drafter=SharedEncoderDrafter(model=draft, matmul_precision="int8"),
-                                 policy=ConstantLookahead(k=3))
-    out = decoder.generate(prompt, input_features=x, max_new_tokens=16)
-    assert torch.equal(out.sequences, reference)
-    assert out.stats.drafted > 0 and out.stats.accepted > 0
-    assert draft.model.decoder.layers[0].fc1.weight in packed_linear._PACKED_INT8
-    assert not any(parameter in packed_linear._PACKED_INT8 for parameter in target.parameters())
