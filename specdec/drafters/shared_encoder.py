@@ -98,7 +98,8 @@ def audio_frames(input_features, encoder_frames: int, margin: int = AUDIO_MARGIN
     features = input_features.float()
     floor = features.amin(dim=(1, 2), keepdim=True)  # [B, 1, 1]
     heard = (features > floor).any(dim=1).any(dim=0)  # [T]: a frame of some row holds audio
-    last = int(heard.nonzero().max()) + 1 if bool(heard.any()) else 0
+    counted = torch.arange(1, heard.shape[0] + 1, device=heard.device)
+    last = int(torch.where(heard, counted, 0).max())  # frames up to the last heard one; the request's one sync
     frames = -(-last * encoder_frames // features.shape[-1]) + margin  # mel frames -> encoder frames
     return frames if frames < encoder_frames else None
 
