@@ -452,6 +452,10 @@ def test_whisper_decoder_steps_pack_and_stay_exact(monkeypatch):
     encoder_weights = {id(p) for p in target.get_encoder().parameters()}
     assert not any(id(w) in encoder_weights for w, _ in counter.calls)
     assert not any(p in packed_linear._PACKED for p in target.get_encoder().parameters())  # not even copied
+    # Nor the cross-attention's keys and values, which a step reads from the cache; its queries are.
+    cross = target.model.decoder.layers[0].encoder_attn
+    assert cross.q_proj.weight in packed_linear._PACKED
+    assert cross.k_proj.weight not in packed_linear._PACKED and cross.v_proj.weight not in packed_linear._PACKED
     # Without a draft to share them, the target computes the cross-attention keys itself, once, in its
     # first decoder read: on torch's path, as generate's; its later steps are packed.
     counter.calls.clear()
