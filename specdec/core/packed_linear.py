@@ -47,8 +47,10 @@ the model is unchanged outside specdec's steps: its ``generate``, the prefill an
 step run as before. A model's layers are packed as a request begins (``pack``), kept while the
 weights live, and packed again at their next packed call if they were changed in place. Each
 packed weight costs its size in memory once more (an encoder-decoder model's encoder, which no step
-runs, is left out): SmolLM2-135M +412 MiB (+80%), whisper-base's decoder +149 MiB (+54% of the
-model) where only the large weights win. A model whose packed copy would take more than half of
+runs, is left out, and so are its decoder's cross-attention keys and values, which a step reads from
+the cache): SmolLM2-135M +412 MiB (+80%); whisper-base's decoder layers +84 MiB, its head +101 MiB
+more where a verify reads it in float32 (a batched request; at batch 1 its bfloat16 screen, 51 MiB,
+serves instead: core/screened_head.py). A model whose packed copy would take more than half of
 the memory left is not packed, with a ``PackingWarning``. Only torch builds whose linear layers run
 on MKL (x86) pack: the step measured above is MKL's.
 
