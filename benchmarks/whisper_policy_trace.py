@@ -41,17 +41,20 @@ def main() -> None:
     parser.add_argument("--passes", type=int, default=2, help="timed passes, after one untimed utterance each")
     parser.add_argument("--ks", default="1,2,3", help="constant lookaheads beside cost-aware")
     parser.add_argument("--max-k", type=int, default=8, help="cost-aware's max_k")
+    parser.add_argument("--precision", default="int8", help="the draft's matmul_precision (whisper.toml's: int8)")
+    parser.add_argument("--per-position", action="store_true", help="cost-aware's per_position (acceptance by draft position)")
     args = parser.parse_args()
     ks = [int(k) for k in args.ks.split(",") if k.strip()]
     if args.passes < 1 or args.limit < 1 or any(k < 0 for k in ks):
         parser.error("--passes and --limit must be at least 1, every k >= 0")
 
     target, draft, features = load_pair_and_speech(args)
-    traced = Traced(max_k=args.max_k)
+    traced = Traced(max_k=args.max_k, per_position=args.per_position)
     traced.log = []
 
     def speculative(policy):
-        decoder = SpeculativeDecoder(target=target, drafter=SharedEncoderDrafter(model=draft), policy=policy)
+        decoder = SpeculativeDecoder(target=target, drafter=SharedEncoderDrafter(model=draft, matmul_precision=args.precision),
+                                     policy=policy)
         whisper = WhisperSpeculativeDecoder(decoder)
         return lambda x: whisper.generate(x, language="en", task="transcribe")
 

@@ -30,7 +30,8 @@ English, task transcribe, no timestamps, greedy):
 - ``specdec-unscreened``: ``specdec`` with base's ``proj_out`` read in float32 at every verify
   (``screened_head=False``); the default screens it in bfloat16 where this CPU runs that faster and
   recomputes in float32 the logits that could be the argmax (``core/screened_head.py``).
-- ``specdec-draft2``: ``specdec`` with the shared-encoder draft of ``--draft2`` instead.
+- ``specdec-draft2``: ``specdec`` with the shared-encoder draft of ``--draft2`` instead;
+  ``specdec-draft2int8`` the same on int8 weights (as ``specdec-draftint8``, the shipped config).
 - ``specdec-draftint8``: ``specdec`` with the draft's linear layers on int8 weights
   (``matmul_precision = "int8"``: fbgemm's dynamic int8 linear, a scale per output row).
 - ``specdec-allframes``: ``specdec`` with the draft's cross-attention over all 1500 encoder frames
@@ -53,14 +54,18 @@ English, task transcribe, no timestamps, greedy):
 Per contender and batch size: decoder tokens per second (tokens / (wall - encoder seconds); the
 encoder's forward is timed by a hook, so its time is known in every contender), end-to-end RTFx
 (audio seconds / wall seconds, feature extraction and encoder included), acceptance and tokens per
-target call (specdec's stats), and the share of utterances whose token ids equal base's. Peak
-memory (``--memory``): each contender alone in a fresh process at batch 1, its peak RSS.
+target call (specdec's stats), and the share of utterances whose token ids equal base's. Memory
+(``--memory``): each contender alone in a fresh process at batch 1 (``--memory-utterances``), its
+peak RSS and its RSS at the end, ``--memory-rounds`` processes each, the contenders in turn (the
+resident set of one config moves by up to 190 MiB between identical processes: docs/benchmarks.md,
+stop 61).
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import json
 import os
 import resource
@@ -154,9 +159,12 @@ def make_policy(text: str):
         return HeuristicLookahead(initial=int(value or 4))
     if kind == "cost-aware":
         return CostAwareLookahead(max_k=int(value or 8))
+    if kind == "cost-aware-positions":  # acceptance by draft position (per_position = true)
+        return CostAwareLookahead(max_k=int(value or 8), per_position=True)
     if kind == "draft-confidence":  # threshold "auto": plain steps where no draft pays, the draft's q stops it
         return DraftConfidenceLookahead(threshold="auto", max_tokens=int(value or 8))
-    raise SystemExit(f"--policy {text!r}: constant:K, heuristic:K, cost-aware:MAXK or draft-confidence:MAXK")
+    raise SystemExit(f"--policy {text!r}: constant:K, heuristic:K, cost-aware:MAXK, cost-aware-positions:MAXK "
+                     "or draft-confidence:MAXK")
 
 
 class EncoderClock:
@@ -237,6 +245,7 @@ def contenders(target, draft, policy: str, int8, assistant, hf_tokens: int | Non
         out[named("specdec-allframes", choice)] = (None, speculative(draft, choice, frames="all"))
     for choice in choices if other_draft is not None else ():
         out[named("specdec-draft2", choice)] = (None, speculative(other_draft, choice))
+        out[named("specdec-draft2int8", choice)] = (None, speculative(other_draft, choice, precision="int8"))
     for number, head in enumerate(heads, 1):
         label = "specdec-head" if number == 1 else f"specdec-head{number}"
         for choice in choices:
@@ -274,7 +283,7 @@ def measure(args) -> dict:
     assistant = full_head_assistant(draft, target) if "hf-assisted" in wanted else None
     int8 = int8_decoder(target) if "specdec-int8" in wanted else None
     heads = [Path(path) for path in args.head.split(",")] if args.head else []
-    other = load_shared_encoder_draft(args.draft2, target) if "specdec-draft2" in wanted else None
+    other = load_shared_encoder_draft(args.draft2, target) if wanted & {"specdec-draft2", "specdec-draft2int8"} else None
     runs = {name: value for name, value in contenders(target, draft, args.policy, int8, assistant,
                                                       args.hf_assistant_tokens, heads, other).items() if name.split()[0] in wanted}
     rows = load_utterances(args.audio_dir, args.limit)
@@ -345,19 +354,32 @@ def measure(args) -> dict:
     return results
 
 
-def memory_of(args, name: str) -> float:
-    """Peak RSS (MiB) of a fresh process that loads everything ``name`` needs and transcribes at batch 1."""
+def memory_of(args, name: str) -> tuple[float, float]:
+    """A fresh process that loads everything ``name`` needs and transcribes ``--memory-utterances``
+    utterances at batch 1 (after one untimed): its peak RSS and its RSS at the end (MiB)."""
     command = [sys.executable, __file__, "--audio-dir", str(args.audio_dir), "--model", args.model, "--draft",
-               str(args.draft), *(["--head", str(args.head)] if args.head else []), "--batch-sizes", "1", "--repeats", "1", "--limit", "2", "--contenders", name,
-               "--policy", args.policy, "--threads", str(args.threads), "--peak-rss"]
+               str(args.draft), *(["--head", str(args.head)] if args.head else []),
+               *(["--draft2", str(args.draft2)] if args.draft2 else []), "--batch-sizes", "1", "--repeats", "1",
+               "--limit", str(args.memory_utterances), "--contenders", name, "--policy", args.policy,
+               "--threads", str(args.threads), "--peak-rss"]
     out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
-    return float(out.strip().splitlines()[-1])
+    peak, resident = out.strip().splitlines()[-1].split()
+    return float(peak), float(resident)
+
+
+def resident_mib() -> float:
+    """This process's resident set now (Linux: /proc; elsewhere its peak)."""
+    try:
+        with open("/proc/self/status") as status:
+            return next(int(line.split()[1]) for line in status if line.startswith("VmRSS")) / 1024
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_pair_arguments(parser)
-    parser.add_argument("--draft2", type=Path, help="another shared-encoder draft: the specdec-draft2 contender")
+    parser.add_argument("--draft2", type=Path, help="another shared-encoder draft: the specdec-draft2 and specdec-draft2int8 contenders")
     parser.add_argument("--head", help="hidden-state heads for base (specdec drafter train-whisper), "
                         "comma-separated: the specdec-head contenders")
     parser.add_argument("--batch-sizes", default="1,4,16")
@@ -370,19 +392,26 @@ def main() -> int:
     parser.add_argument("--contenders", default="base,hf-assisted,specdec,specdec-int8")
     parser.add_argument("--hf-assistant-tokens", type=int, default=None)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--memory", action="store_true", help="also each contender's peak RSS in a fresh process")
+    parser.add_argument("--memory", action="store_true",
+                        help="also each contender's peak RSS and final RSS in a fresh process, --memory-rounds times")
+    parser.add_argument("--memory-rounds", type=int, default=1, help="fresh processes per contender, contenders in turn")
+    parser.add_argument("--memory-utterances", type=int, default=4, help="utterances each fresh process transcribes")
     parser.add_argument("--peak-rss", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
     results = measure(args)
     if args.peak_rss:
-        print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+        gc.collect()
+        print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, resident_mib())
         return 0
     info = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": cpu_name(),
             "load": os.getloadavg(), "threads": args.threads, "policy": args.policy, "results": results}
     if args.memory:
-        info["peak_rss_mib"] = {name: memory_of(args, name) for name in args.contenders.split(",")}
-        print(json.dumps(info["peak_rss_mib"]), flush=True)
+        names = args.contenders.split(",")
+        rounds = [{name: memory_of(args, name) for name in names} for _ in range(args.memory_rounds)]
+        info["peak_rss_mib"] = {name: [r[name][0] for r in rounds] for name in names}
+        info["final_rss_mib"] = {name: [r[name][1] for r in rounds] for name in names}
+        print(json.dumps({"peak_rss_mib": info["peak_rss_mib"], "final_rss_mib": info["final_rss_mib"]}), flush=True)
     if args.json:
         args.json.write_text(json.dumps(info, indent=1))
     return 0
