@@ -387,7 +387,8 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=1, help="1: run each contender once, untimed, before timing")
     parser.add_argument("--limit", type=int, default=0, help="only the first N English utterances")
     parser.add_argument("--policy", default="constant:4",
-                        help="constant:K | heuristic:K | cost-aware:MAXK | draft-confidence:MAXK (threshold auto); "
+                        help="constant:K | heuristic:K | cost-aware:MAXK | cost-aware-positions:MAXK (per_position) | "
+                             "draft-confidence:MAXK (threshold auto); "
                              "comma-separated: one specdec contender each")
     parser.add_argument("--contenders", default="base,hf-assisted,specdec,specdec-int8")
     parser.add_argument("--hf-assistant-tokens", type=int, default=None)
