@@ -538,6 +538,28 @@ def test_a_bfloat16_layer_computes_the_linear_layer_to_bfloat16s_rounding():
     assert layer.weight in packed_linear._PACKED_BF16 and packed_linear._PACKED_BF16[layer.weight][1].dtype == torch.bfloat16
 
 
+def float32_pair():
+    """The bundled pair in float32, two left-padded prompts and the target's greedy 24 tokens for them."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(PAIR, local_files_only=True, padding_side="left")
+    target, draft = (AutoModelForCausalLM.from_pretrained(PAIR / name, dtype=torch.float32, local_files_only=True).eval()
+                     for name in ("target", "draft"))
+    batch = tokenizer(["def fibonacci(n):\n", "import os\n\n\ndef main("], return_tensors="pt", padding=True)
+    return target, draft, batch, target.generate(**batch, max_new_tokens=24, do_sample=False)
+
+
+def generates_as_target(decoder, target, batch, expected, label):
+    """``decoder``'s output equals the target's greedy one for the first prompt alone and for both;
+    the output of the batch of two."""
+    for rows in (slice(0, 1), slice(0, 2)):
+        inputs = {name: value[rows] for name, value in batch.items()}
+        out = decoder.generate(**inputs, max_new_tokens=24)
+        reference = expected[rows] if rows.stop == 2 else target.generate(**inputs, max_new_tokens=24, do_sample=False)
+        assert torch.equal(out.sequences, reference[:, : out.sequences.shape[1]]), label
+    return out
+
+
 @needs_pair
 @needs_bfloat16
 @torch.no_grad()
@@ -547,13 +569,7 @@ def test_a_draft_on_bfloat16_weights_stays_exact_and_the_target_never_reads_them
     generate's at batch 1 and 2; the draft's precision never copies the target's weights to
     bfloat16 (its LM head's screen does, for greedy verifies: tests/test_screened_head.py, off
     here); "highest", and "auto" where bfloat16 is timed slower, leave the draft in float32."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(PAIR, local_files_only=True, padding_side="left")
-    target, draft = (AutoModelForCausalLM.from_pretrained(PAIR / name, dtype=torch.float32, local_files_only=True).eval()
-                     for name in ("target", "draft"))
-    batch = tokenizer(["def fibonacci(n):\n", "import os\n\n\ndef main("], return_tensors="pt", padding=True)
-    expected = target.generate(**batch, max_new_tokens=24, do_sample=False)
+    target, draft, batch, expected = float32_pair()
     for precision, faster, copied in (("highest", True, False), ("medium", False, True), ("auto", True, True),
                                       ("auto", False, False)):
         pin_packing(monkeypatch, start=4, smallest=1 << 20, one_row=True, bfloat16=faster)  # both LM heads
@@ -561,11 +577,7 @@ def test_a_draft_on_bfloat16_weights_stays_exact_and_the_target_never_reads_them
         monkeypatch.setattr(packed_linear, "_PACKED", packed_linear.WeakIdKeyDictionary())
         decoder = SpeculativeDecoder(target=target, drafter=ModelDrafter(draft, matmul_precision=precision),
                                      policy=ConstantLookahead(k=3), screened_head=False)
-        for rows in (slice(0, 1), slice(0, 2)):
-            inputs = {name: value[rows] for name, value in batch.items()}
-            out = decoder.generate(**inputs, max_new_tokens=24)
-            reference = expected[rows] if rows.stop == 2 else target.generate(**inputs, max_new_tokens=24, do_sample=False)
-            assert torch.equal(out.sequences, reference[:, : out.sequences.shape[1]]), precision
+        out = generates_as_target(decoder, target, batch, expected, precision)
         assert out.stats.accepted > 0
         assert (draft.lm_head.weight in packed_linear._PACKED_BF16) is copied, (precision, faster)
         # one copy, not two: bfloat16 at every width leaves no float32 packed copy of the draft's head
@@ -684,24 +696,14 @@ def test_a_draft_on_int8_weights_stays_exact_and_the_target_never_reads_them(mon
     """The bundled pair in float32 with ``matmul_precision = "int8"``: the draft's steps read int8
     weights and the output is generate's at batch 1 and 2; none of the target's weights are
     quantised. Without fbgemm the draft runs as "auto" and nothing is quantised."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(PAIR, local_files_only=True, padding_side="left")
-    target, draft = (AutoModelForCausalLM.from_pretrained(PAIR / name, dtype=torch.float32, local_files_only=True).eval()
-                     for name in ("target", "draft"))
-    batch = tokenizer(["def fibonacci(n):\n", "import os\n\n\ndef main("], return_tensors="pt", padding=True)
-    expected = target.generate(**batch, max_new_tokens=24, do_sample=False)
+    target, draft, batch, expected = float32_pair()
     for fbgemm in (True, False):
         pin_packing(monkeypatch, start=4, smallest=1 << 20, one_row=True)
         monkeypatch.setattr(packed_linear, "_PACKED_INT8", packed_linear.WeakIdKeyDictionary())
         monkeypatch.setattr(packed_linear, "int8_available", lambda: fbgemm)
         decoder = SpeculativeDecoder(target=target, drafter=ModelDrafter(draft, matmul_precision="int8"),
                                      policy=ConstantLookahead(k=3), screened_head=False)
-        for rows in (slice(0, 1), slice(0, 2)):
-            inputs = {name: value[rows] for name, value in batch.items()}
-            out = decoder.generate(**inputs, max_new_tokens=24)
-            reference = expected[rows] if rows.stop == 2 else target.generate(**inputs, max_new_tokens=24, do_sample=False)
-            assert torch.equal(out.sequences, reference[:, : out.sequences.shape[1]]), fbgemm
+        out = generates_as_target(decoder, target, batch, expected, fbgemm)
         assert out.stats.accepted > 0
         assert (draft.lm_head.weight in packed_linear._PACKED_INT8) is fbgemm
         assert (draft.model.layers[0].mlp.up_proj.weight in packed_linear._PACKED_INT8) is fbgemm
