@@ -449,6 +449,8 @@ def test_whisper_decoder_steps_pack_and_stay_exact(monkeypatch):
     out = decoder.generate(prompt, input_features=x, max_new_tokens=16)
     assert torch.equal(out.sequences, reference)
     assert counter.packed(target.proj_out.weight) > 0
+    # The target's first read (4 prompt tokens and 3 drafts a row) verifies drafts: packed as its steps.
+    assert counter.packed(target.model.decoder.layers[0].fc1.weight, rows=4 * (4 + 3)) == 1
     encoder_weights = {id(p) for p in target.get_encoder().parameters()}
     assert not any(id(w) in encoder_weights for w, _ in counter.calls)
     assert not any(p in packed_linear._PACKED for p in target.get_encoder().parameters())  # not even copied
@@ -464,6 +466,13 @@ def test_whisper_decoder_steps_pack_and_stay_exact(monkeypatch):
     assert torch.equal(out.sequences, reference)
     assert counter.packed(target.proj_out.weight) > 0
     assert counter.packed(target.model.decoder.layers[0].encoder_attn.k_proj.weight) == 0
+    # A first read that scores one position (no drafts: a plain first step, 4 prompt tokens a row)
+    # stays generate's own; the batch's plain steps after it (4 rows of one token) are packed.
+    counter.calls.clear()
+    out = SpeculativeDecoder(target=target, drafter=NGramDrafter(), policy=ConstantLookahead(k=0)).generate(
+        prompt, input_features=x, max_new_tokens=4)
+    assert torch.equal(out.sequences, reference[:, :prompt.shape[1] + 4])
+    assert {rows for _, rows in counter.calls} == {4}
 
 
 @torch.no_grad()
@@ -488,6 +497,39 @@ def test_a_whisper_draft_on_bfloat16_or_int8_weights_stays_exact(monkeypatch, pr
     copied = getattr(packed_linear, copies)
     assert draft.model.decoder.layers[0].fc1.weight in copied
     assert not any(parameter in copied for parameter in target.parameters())
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("precision", [pytest.param("medium", marks=needs_bfloat16), pytest.param("int8", marks=needs_int8)])
+def test_the_cross_attention_keys_a_draft_lends_the_target_are_generates_own(monkeypatch, precision):
+    """A shared-encoder draft on bfloat16 or int8 weights reads its short prompt on them too, but the
+    cross-attention keys and values it computes there, which the target then reads instead of its
+    own, come from torch's float32 path: bit for bit those of the target's layers over the encoder
+    output. (On a tiny model keys rounded to int8 can leave the transcript unchanged, so the keys
+    themselves are compared.)"""
+    pin_packing(monkeypatch, smallest=0, one_row=True)
+    target = tiny_whisper(seed=0).float()
+    draft = decoder_of(target)
+    x = features(2, seed=11).float()
+    prompt = torch.tensor([[SOT, 258, TRANSCRIBE, NO_TIMESTAMPS]] * 2)
+    computed, prompt_reads = [], []
+    for layer in draft.model.decoder.layers:
+        for projection in (layer.encoder_attn.k_proj, layer.encoder_attn.v_proj):
+            projection.register_forward_hook(lambda module, args, out: computed.append((module, args[0], out)))
+    fc1 = draft.model.decoder.layers[0].fc1
+    fc1.register_forward_hook(lambda module, args, out: prompt_reads.append("forward" in module.__dict__))
+    decoder = SpeculativeDecoder(target=target, drafter=SharedEncoderDrafter(model=draft, matmul_precision=precision),
+                                 policy=ConstantLookahead(k=3))
+    out = decoder.generate(prompt, input_features=x, max_new_tokens=8)
+    assert out.stats.drafted > 0
+    assert prompt_reads[0]  # the draft's first read (the prompt) ran on its bfloat16 or int8 weights
+    encoded = target.get_encoder()(x).last_hidden_state
+    assert len(computed) == 2 * len(draft.model.decoder.layers)  # once a request, in the first read
+    for module, inputs, keys in computed:
+        assert torch.equal(inputs, encoded)
+        assert torch.equal(keys, F.linear(encoded, module.weight, module.bias))
+    copied = getattr(packed_linear, "_PACKED_INT8" if precision == "int8" else "_PACKED_BF16")
+    assert not any(module.weight in copied for module, _, _ in computed)  # no copy that nothing reads
 
 
 def test_packed_weights_is_checked(tmp_path):

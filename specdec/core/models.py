@@ -25,7 +25,7 @@ from ..errors import ConfigError, InputError, RereadWarning
 from .cache import SlotCache, full_tensor, static_cache
 from .masks import FULL, AttentionLayout
 from .gqa_attention import gqa_steps
-from .packed_linear import packed_steps
+from .packed_linear import TRIAL_ROWS, packed_steps
 from .screened_head import screened_head
 from .recurrent import config_cache
 
@@ -457,7 +457,11 @@ class CausalLMRunner:
         step = slots.length > input_ids.shape[1]  # not the prefill
         if self.compiled_steps and slots.static and step:
             call = compiled_forward(self.model)
-        with (packed_steps(self.model, input_ids.numel(), self.packed_one_row, self.matmul_precision) if self.packed_steps and step
+        # A drafter reads a short prompt (Whisper's four prompt tokens) as it reads its steps: its
+        # numbers never reach the output, and the cross-attention keys a shared-encoder draft
+        # computes there and lends the target stay on torch's path (packed_linear._candidates).
+        packed = self.packed_steps and (step or self.packed_one_row and input_ids.numel() <= TRIAL_ROWS[-1])
+        with (packed_steps(self.model, input_ids.numel(), self.packed_one_row, self.matmul_precision) if packed
               else nullcontext()), \
                 (gqa_steps(self.model) if self.grouped_steps and step and not one_token else nullcontext()), \
                 (screened_head(self.model, self.screen_suppressed) if self.screened_steps and step else nullcontext()):
@@ -740,12 +744,17 @@ class Seq2SeqRunner:
             attention_mask = self.layout.masks(slots.slot_mask, slots.positions, position_ids, self.model.dtype,
                                                first_query_slot=slots.length - input_ids.shape[1], branches=branches)
         tokens = {"decoder_input_ids": input_ids} if inputs_embeds is None else {"decoder_inputs_embeds": inputs_embeds}
-        step = slots.length > input_ids.shape[1]  # the first read computes the cross-attention keys, as generate's
-        # Its LM head may be screened all the same (the argmax stays float32's; the keys are not the
-        # head's): the model scores every column it reads, the decoder prompt's too, and on
-        # whisper-base a first read of 4 prompt tokens and 3 drafts took 13.5 ms in the head alone
-        # on torch's path (docs/benchmarks.md, stop 60).
-        with (packed_steps(self.model, input_ids.numel(), self.packed_one_row, self.matmul_precision) if self.packed_steps and step
+        # The first read computes the cross-attention keys, on torch's path as generate's (packed
+        # layers leave them out: packed_linear._candidates). A target's first read that verifies
+        # drafts runs packed as its verifies do; one that scores a single position (a plain first
+        # step) stays generate's own. Its LM head is screened either way (the argmax stays
+        # float32's): on whisper-base a first read of 4 prompt tokens and 3 drafts took 13.5 ms in
+        # the head alone on torch's path (docs/benchmarks.md, stop 60), its other layers 4 ms more
+        # than packed (stop 62).
+        step = slots.length > input_ids.shape[1]
+        packed = self.packed_steps and (step or logits_to_keep > 1 or self.packed_one_row
+                                        and input_ids.numel() <= TRIAL_ROWS[-1])
+        with (packed_steps(self.model, input_ids.numel(), self.packed_one_row, self.matmul_precision) if packed
               else nullcontext()), (screened_head(self.model, self.screen_suppressed) if self.screened_steps else nullcontext()):
             out = self.model(
                 encoder_outputs=self.encoder_outputs,

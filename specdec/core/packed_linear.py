@@ -44,9 +44,12 @@ specdec's plain steps stay ``generate``'s own. A drafter's are, where measured f
 head takes 0.72x the time packed, of its 1536 x 576 MLP weight 0.76x. The
 layers are switched for that forward only (an instance ``forward`` set and removed around it), so
 the model is unchanged outside specdec's steps: its ``generate``, the prefill and every plain
-step run as before. A model's layers are packed as a request begins (``pack``), kept while the
-weights live, and packed again at their next packed call if they were changed in place. Each
-packed weight costs its size in memory once more (an encoder-decoder model's encoder, which no step
+step run as before. Two first reads run packed all the same (core/models.py): an encoder-decoder
+target's that verifies drafts (Whisper's 4 prompt tokens and the drafts after them), and a
+drafter's of a short prompt; the cross-attention keys and values computed there stay on torch's
+path, so a target's are ``generate``'s own, and so are those a shared-encoder draft lends it. A
+model's layers are packed as a request begins (``pack``), kept while the weights live, and packed
+again at their next packed call if they were changed in place. Each packed weight costs its size in memory once more (an encoder-decoder model's encoder, which no step
 runs, is left out, and so are its decoder's cross-attention keys and values, which a step reads from
 the cache): SmolLM2-135M +412 MiB (+80%); whisper-base's decoder layers +84 MiB, its head +101 MiB
 more where a verify reads it in float32 (a batched request; at batch 1 its bfloat16 screen, 51 MiB,
@@ -288,8 +291,7 @@ def _switches(model: torch.nn.Module) -> list[_Switch]:
     """``model``'s linear layers that run packed at some width, with the forwards they run then."""
     linears = _LINEARS.get(model)
     if linears is None:
-        reads_encoder = _cross_attention_inputs(model)
-        candidates = [module for module in _candidates(model) if id(module) not in reads_encoder]
+        candidates = _candidates(model)
         unknown = _untimed(candidates, _MEASURED, "")
         started = time.perf_counter()
         if unknown:
@@ -333,10 +335,11 @@ ENCODER_READS = frozenset({"k_proj", "v_proj", "k", "v", "key", "value"})
 
 def _cross_attention_inputs(model: torch.nn.Module) -> set[int]:
     """The ids of ``model``'s cross-attention key and value projections. They read the encoder's
-    output once a request, in the target's first read, which stays on torch's path (generate's own
-    keys), and a step's cross-attention reads the cache: a float32 packed copy of them would be
-    memory for nothing (12 MiB on whisper-base). A drafter's bfloat16 or int8 copies keep them: a
-    draft that does not borrow the target's keys computes its own in its first forward."""
+    output once a request, in a model's first read, and a step's cross-attention reads the cache, so
+    no packed, bfloat16 or int8 copy of them would ever be read (12 MiB of float32 on whisper-base).
+    They stay on torch's path in a first read that runs packed too (``CausalLMRunner`` and
+    ``EncoderDecoderRunner``): the target's keys are ``generate``'s own, and so are those a
+    shared-encoder draft computes for the layers it shares with the target and lends it."""
     return {id(module) for name, module in model.named_modules()
             if name.rpartition(".")[2] in ENCODER_READS and CROSS_ATTENTION.intersection(name.split(".")[:-1])}
 
@@ -351,11 +354,13 @@ def _candidates(model: torch.nn.Module) -> list[torch.nn.Linear]:
     """``model``'s layers that packing could serve, found once per model: exactly ``nn.Linear`` with
     no forward of its own set by someone else (accelerate's offload hooks replace it; a subclass or a
     wrapped layer may compute something else), float32 on the CPU, ``MIN_WEIGHT`` or larger, outside
-    an encoder-decoder model's encoder (which no step runs)."""
+    an encoder-decoder model's encoder (which no step runs) and its decoder's cross-attention keys and
+    values (``_cross_attention_inputs``)."""
     candidates = _CANDIDATES.get(model)
     if candidates is None:
         encoder = model.get_encoder() if getattr(getattr(model, "config", None), "is_encoder_decoder", False) else None
         skipped = {id(module) for module in encoder.modules()} if encoder is not None else set()
+        skipped |= _cross_attention_inputs(model)
         candidates = [module for module in model.modules()
                       if type(module) is torch.nn.Linear and id(module) not in skipped and "forward" not in module.__dict__
                       and module.weight.dtype == torch.float32 and module.weight.device.type == "cpu"
