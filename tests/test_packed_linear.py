@@ -499,6 +499,29 @@ def test_a_whisper_draft_on_bfloat16_or_int8_weights_stays_exact(monkeypatch, pr
     assert not any(parameter in copied for parameter in target.parameters())
 
 
+@pytest.mark.parametrize("attention, projections", [
+    ("encoder_attn", ("q_proj", "k_proj", "v_proj", "out_proj")),  # Whisper, BART, Marian, M2M100
+    ("EncDecAttention", ("q", "k", "v", "o")),  # T5
+    ("crossattention", ("query", "key", "value", "dense")),  # BERT-style decoders
+    ("cross_attn", ("q_proj", "k_proj", "v_proj", "o_proj")),  # T5Gemma, Mllama
+    ("cross_attention", ("q_proj", "k_proj", "v_proj", "out_proj")),  # SeamlessM4T, NLLB-MoE, Dia
+    ("encoder_decoder_attention", ("query", "key", "value", "output")),  # Pix2Struct
+])
+def test_only_cross_attention_keys_and_values_are_left_out_of_packing(attention, projections):
+    """The projections that read the encoder's output are never packed or copied, under each name
+    transformers gives a cross-attention; its query and output and every self-attention are."""
+    def block():
+        return torch.nn.ModuleDict({name: torch.nn.Linear(256, 256) for name in projections})
+
+    layer = torch.nn.ModuleDict({"self_attn": block(), attention: block()})
+    model = torch.nn.ModuleDict({"layers": torch.nn.ModuleList([layer])})
+    packable = {id(module) for module in packed_linear._candidates(model)}
+    q, k, v, o = projections
+    assert id(layer[attention][k]) not in packable and id(layer[attention][v]) not in packable
+    assert id(layer[attention][q]) in packable and id(layer[attention][o]) in packable
+    assert all(id(module) in packable for module in layer["self_attn"].values())
+
+
 @torch.no_grad()
 @pytest.mark.parametrize("precision", [pytest.param("medium", marks=needs_bfloat16), pytest.param("int8", marks=needs_int8)])
 def test_the_cross_attention_keys_a_draft_lends_the_target_are_generates_own(monkeypatch, precision):

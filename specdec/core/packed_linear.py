@@ -328,8 +328,10 @@ def _untimed(candidates: list[torch.nn.Linear], known: dict, suffix: str) -> set
 
 
 # How transformers names a decoder's cross-attention (Whisper, BART, Marian, M2M100, ...; T5;
-# BERT-style decoders) and the projections in it that read the encoder's output.
-CROSS_ATTENTION = frozenset({"encoder_attn", "EncDecAttention", "crossattention"})
+# BERT-style decoders; T5Gemma and Mllama; SeamlessM4T, NLLB-MoE and Dia; Pix2Struct) and the
+# projections in it that read the encoder's output.
+CROSS_ATTENTION = frozenset({"encoder_attn", "EncDecAttention", "crossattention", "cross_attn", "cross_attention",
+                             "encoder_decoder_attention"})
 ENCODER_READS = frozenset({"k_proj", "v_proj", "k", "v", "key", "value"})
 
 
