@@ -49,12 +49,13 @@ target's that verifies drafts (Whisper's 4 prompt tokens and the drafts after th
 drafter's of a short prompt; the cross-attention keys and values computed there stay on torch's
 path, so a target's are ``generate``'s own, and so are those a shared-encoder draft lends it. A
 model's layers are packed as a request begins (``pack``), kept while the weights live, and packed
-again at their next packed call if they were changed in place. Each packed weight costs its size in memory once more (an encoder-decoder model's encoder, which no step
-runs, is left out, and so are its decoder's cross-attention keys and values, which a step reads from
-the cache): SmolLM2-135M +412 MiB (+80%); whisper-base's decoder layers +84 MiB, its head +101 MiB
-more where a verify reads it in float32 (a batched request; at batch 1 its bfloat16 screen, 51 MiB,
-serves instead: core/screened_head.py). A model whose packed copy would take more than half of
-the memory left is not packed, with a ``PackingWarning``. Only torch builds whose linear layers run
+again at their next packed call if they were changed in place. Each packed weight costs its size in
+memory once more (an encoder-decoder model's encoder, which no step runs, is left out, and so are
+its decoder's cross-attention keys and values, which a step reads from the cache): SmolLM2-135M
++412 MiB (+80%); whisper-base's decoder layers +84 MiB, its head +101 MiB more where a verify reads
+it in float32 (a batched request; at batch 1 its bfloat16 screen, 51 MiB, serves instead:
+core/screened_head.py). A model whose packed copy would take more than half of the memory left is
+not packed, with a ``PackingWarning``. Only torch builds whose linear layers run
 on MKL (x86) pack: the step measured above is MKL's.
 
 A drafter may also read its weights in bfloat16 (its ``matmul_precision``: "medium" always, "auto"
@@ -340,7 +341,7 @@ def _cross_attention_inputs(model: torch.nn.Module) -> set[int]:
     output once a request, in a model's first read, and a step's cross-attention reads the cache, so
     no packed, bfloat16 or int8 copy of them would ever be read (12 MiB of float32 on whisper-base).
     They stay on torch's path in a first read that runs packed too (``CausalLMRunner`` and
-    ``EncoderDecoderRunner``): the target's keys are ``generate``'s own, and so are those a
+    ``Seq2SeqRunner``): the target's keys are ``generate``'s own, and so are those a
     shared-encoder draft computes for the layers it shares with the target and lends it."""
     return {id(module) for name, module in model.named_modules()
             if name.rpartition(".")[2] in ENCODER_READS and CROSS_ATTENTION.intersection(name.split(".")[:-1])}
