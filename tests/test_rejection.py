@@ -373,3 +373,30 @@ def test_nucleus_top_p_keeps_what_transformers_top_p_keeps(top_p, keep):
     assert type(_prepared_processor(warper, 49152, torch.device("cpu"))) is _NucleusTopP
     assert _prepared_processor(warper, 49152, torch.device("meta")) is warper
     assert _prepared_processor(TopPLogitsWarper(1.0), 49152, torch.device("cpu")).__class__ is TopPLogitsWarper
+
+
+def test_suppression_masks_are_built_once_per_token_list_and_do_what_the_processors_do(monkeypatch):
+    """generate makes new suppress processors for every request; their [V] masks are built once per
+    token list (isin over the vocabulary is 1 ms on Whisper's 51865 tokens, six times a request), and
+    each prepared processor scores as transformers' own."""
+    from transformers.generation.logits_process import (SuppressTokensAtBeginLogitsProcessor,
+                                                        SuppressTokensLogitsProcessor)
+
+    from specdec.core.state import _prepared_processor, _suppression_mask
+
+    _suppression_mask.cache_clear()
+    vocab, cpu = 300, torch.device("cpu")
+    scores = torch.randn(2, vocab)
+    requests = [[(SuppressTokensLogitsProcessor([5, 17, 299]), torch.zeros(2, 9, dtype=torch.long)),
+                 (SuppressTokensAtBeginLogitsProcessor([220, 5], begin_index=4), torch.zeros(2, 4, dtype=torch.long))]
+                for _ in range(3)]  # three requests, each with processors of its own
+    expected = [[processor(ids, scores.clone()) for processor, ids in request] for request in requests]
+    isin = torch.isin
+    built = []
+    monkeypatch.setattr(torch, "isin", lambda *args, **kwargs: built.append(1) or isin(*args, **kwargs))
+    for request, outputs in zip(requests, expected):
+        for (processor, ids), output in zip(request, outputs):
+            assert torch.equal(_prepared_processor(processor, vocab, cpu)(ids, scores.clone()), output)
+    assert len(built) == 2  # one mask per token list, for all three requests
+    other = _prepared_processor(SuppressTokensLogitsProcessor([6]), vocab, cpu)
+    assert len(built) == 3 and other.mask.nonzero().flatten().tolist() == [6]
