@@ -747,13 +747,12 @@ class Seq2SeqRunner:
         # The first read computes the cross-attention keys, on torch's path as generate's (packed
         # layers leave them out: packed_linear._candidates). A target's first read that verifies
         # drafts runs packed as its verifies do; one that scores a single position (a plain first
-        # step) stays generate's own. Its LM head is screened either way (the argmax stays
+        # step) stays generate's own, and an encoder-decoder drafter's first read stays as before. Its LM head is screened either way (the argmax stays
         # float32's): on whisper-base a first read of 4 prompt tokens and 3 drafts took 13.5 ms in
         # the head alone on torch's path (docs/benchmarks.md, stop 60), its other layers 4 ms more
         # than packed (stop 62).
         step = slots.length > input_ids.shape[1]
-        packed = self.packed_steps and (step or logits_to_keep > 1 or self.packed_one_row
-                                        and input_ids.numel() <= TRIAL_ROWS[-1])
+        packed = self.packed_steps and (step or logits_to_keep > 1 and not self.packed_one_row)
         with (packed_steps(self.model, input_ids.numel(), self.packed_one_row, self.matmul_precision) if packed
               else nullcontext()), (screened_head(self.model, self.screen_suppressed) if self.screened_steps else nullcontext()):
             out = self.model(

@@ -46,9 +46,9 @@ layers are switched for that forward only (an instance ``forward`` set and remov
 the model is unchanged outside specdec's steps: its ``generate``, the prefill and every plain
 step run as before. Two first reads run packed all the same (core/models.py): an encoder-decoder
 target's that verifies drafts (Whisper's 4 prompt tokens and the drafts after them), and a
-drafter's of a short prompt; the cross-attention keys and values computed there stay on torch's
-path, so a target's are ``generate``'s own, and so are those a shared-encoder draft lends it. A
-model's layers are packed as a request begins (``pack``), kept while the weights live, and packed
+decoder-only drafter's of a short prompt (a shared-encoder draft's); the cross-attention keys and
+values computed there stay on torch's path, so a target's are ``generate``'s own, and so are those
+a shared-encoder draft lends it. A model's layers are packed as a request begins (``pack``), kept while the weights live, and packed
 again at their next packed call if they were changed in place. Each packed weight costs its size in
 memory once more (an encoder-decoder model's encoder, which no step runs, is left out, and so are
 its decoder's cross-attention keys and values, which a step reads from the cache): SmolLM2-135M
