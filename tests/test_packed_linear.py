@@ -773,3 +773,72 @@ def test_a_draft_on_int8_weights_stays_exact_and_the_target_never_reads_them(mon
         assert (draft.lm_head.weight in packed_linear._PACKED_INT8) is fbgemm
         assert (draft.model.layers[0].mlp.up_proj.weight in packed_linear._PACKED_INT8) is fbgemm
         assert not any(parameter in packed_linear._PACKED_INT8 for parameter in target.parameters())
+
+
+def int8_and_float32_layers(model: torch.nn.Module) -> tuple[set[str], set[str]]:
+    """The names of ``model``'s layers kept only in int8, and of its ``nn.Linear`` ones."""
+    int8 = {name for name, module in model.named_modules() if type(module) is packed_linear.Int8Linear}
+    return int8, {name for name, module in model.named_modules() if type(module) is torch.nn.Linear}
+
+
+@needs_int8
+@torch.no_grad()
+def test_a_whisper_draft_loaded_from_its_file_keeps_only_its_int8_weights(monkeypatch, tmp_path):
+    """Under "int8", a shared-encoder draft that the drafter loads from its file keeps its linear
+    layers only in int8 (``Int8Linear``: no float32 copy is left), its frozen cross-attention keys
+    and values are the target's own parameters (held once), and it drafts what the same draft passed
+    in (its float32 kept, its steps on int8 copies) drafts: generate's transcript, the same drafts
+    accepted. A draft passed in is the caller's and keeps its float32 layers; without fbgemm a loaded
+    one keeps them too."""
+    from specdec.drafters.shared_encoder_draft import build_draft, load_shared_encoder_draft, save_shared_encoder_draft
+
+    pin_packing(monkeypatch, smallest=0, one_row=True)
+    target = tiny_whisper(seed=0, decoder_layers=2).float()
+    draft = build_draft(target, torch.arange(target.config.vocab_size), init_layers=[0, 1])
+    saved = save_shared_encoder_draft(draft, tmp_path / "draft", dtype=torch.float32)
+    x = features(4, seed=11).float()
+    prompt = torch.tensor([[SOT, 258, TRANSCRIBE, NO_TIMESTAMPS]] * 4)
+    reference = GenerationMixin.generate(target, x, decoder_input_ids=prompt, max_new_tokens=16)
+
+    def run(model):
+        decoder = SpeculativeDecoder(target=target, drafter=SharedEncoderDrafter(model=model, matmul_precision="int8"),
+                                     policy=ConstantLookahead(k=3))
+        out = decoder.generate(prompt, input_features=x, max_new_tokens=16)
+        assert torch.equal(out.sequences, reference)
+        return decoder.drafter.model, (out.stats.drafted, out.stats.accepted)
+
+    loaded, stats = run(str(saved.parent))
+    int8, float32 = int8_and_float32_layers(loaded)
+    attention = {f"model.decoder.layers.{i}.encoder_attn.{name}" for i in (0, 1) for name in ("k_proj", "v_proj")}
+    assert float32 == attention and len(int8) == 2 * 10 - len(attention) + 1  # 10 linear layers a layer, the head
+    assert all(getattr(loaded.model.decoder.layers[i].encoder_attn, name).weight
+               is getattr(target.model.decoder.layers[i].encoder_attn, name).weight for i in (0, 1) for name in ("k_proj", "v_proj"))
+    assert run(loaded)[1] == stats  # the int8 draft passed in again (its head's width read off the int8 layer)
+    passed_in, stats_passed_in = run(load_shared_encoder_draft(saved, target))
+    assert stats == stats_passed_in and stats[1] > 0
+    assert int8_and_float32_layers(passed_in) == (set(), float32 | int8)
+    monkeypatch.setattr(packed_linear, "int8_available", lambda: False)
+    without_fbgemm, _ = run(str(saved.parent))
+    assert int8_and_float32_layers(without_fbgemm) == (set(), float32 | int8)
+
+
+@needs_pair
+@needs_int8
+@torch.no_grad()
+def test_a_draft_model_loaded_from_its_folder_keeps_only_its_int8_weights(monkeypatch):
+    """The bundled pair's draft, given to the ``model`` drafter as its folder under "int8": its
+    linear layers large enough to quantise are kept only in int8, and the output is generate's at
+    batch 1 and 2 with the same drafts accepted as the same draft passed in in float32."""
+    target, draft, batch, expected = float32_pair()
+    outs = []
+    for model in (str(PAIR / "draft"), draft):
+        pin_packing(monkeypatch, start=4, smallest=1 << 20, one_row=True)
+        decoder = SpeculativeDecoder(target=target, drafter=ModelDrafter(model, matmul_precision="int8"),
+                                     policy=ConstantLookahead(k=3), screened_head=False)
+        out = generates_as_target(decoder, target, batch, expected, model)
+        outs.append((out.stats.drafted, out.stats.accepted))
+        int8, _ = int8_and_float32_layers(decoder.drafter.model)
+        quantisable = {name for name, module in draft.named_modules()
+                       if type(module) is torch.nn.Linear and module.weight.numel() >= packed_linear.MIN_WEIGHT}
+        assert int8 == (quantisable if isinstance(model, str) else set()) and quantisable
+    assert outs[0] == outs[1] and outs[0][1] > 0

@@ -171,6 +171,8 @@ def vocab_size(model: PreTrainedModel) -> int:
         weight = weight()
     if weight is not None:
         return int(weight.shape[0])
+    if isinstance(getattr(head, "out_features", None), int):  # a layer kept only in int8 (packed_linear.Int8Linear)
+        return head.out_features
     return int(model.config.get_text_config(decoder=True).vocab_size)
 
 

@@ -733,14 +733,58 @@ def _mixed_forward(module: torch.nn.Linear, in_bfloat16: frozenset[int], packed_
 
 
 def _int8_forward(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    # A drafter's layer under matmul_precision "int8": fbgemm quantises the rows per call (7 bits,
-    # ``reduce_range``, as torch's dynamically quantised Linear does on x86) against the weight's
-    # int8 rows, and returns float32.
+    # A drafter's layer under matmul_precision "int8"; float32 where it trains or reads other dtypes.
     weight, bias = module._parameters["weight"], module._parameters["bias"]
-    features = x.shape[-1]
     if x.dtype != torch.float32 or x.dim() < 2 or x.numel() == 0 or torch.is_grad_enabled():
         return F.linear(x, weight, bias)
-    out = torch.ops.quantized.linear_dynamic(x.reshape(-1, features), packed_weight_int8(weight), True)
+    return _int8_linear(x, packed_weight_int8(weight), bias)
+
+
+def _int8_linear(x: torch.Tensor, packed, bias: torch.Tensor | None) -> torch.Tensor:
+    # fbgemm quantises the rows per call (7 bits, ``reduce_range``, as torch's dynamically quantised
+    # Linear does on x86) against the weight's int8 rows, and returns float32.
+    features = x.shape[-1]
+    out = torch.ops.quantized.linear_dynamic(x.reshape(-1, features), packed, True)
     if bias is not None:
         out += bias
     return out.view(*x.shape[:-1], out.shape[-1])
+
+
+class Int8Linear(torch.nn.Module):
+    """An ``nn.Linear`` kept only as its int8 weight (``packed_weight_int8``) and its float32 bias: a
+    drafter's layer under matmul_precision "int8" once its float32 weight is let go
+    (``keep_int8_only``). It computes what ``_int8_forward`` computes, at every width."""
+
+    def __init__(self, linear: torch.nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.packed = packed_weight_int8(linear.weight)
+        self.bias = linear.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.float32:  # the draft cast to another dtype: its rows read in float32
+            return _int8_linear(x.float(), self.packed, self.bias).to(x.dtype)
+        return _int8_linear(x, self.packed, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def keep_int8_only(model: torch.nn.Module) -> int:
+    """Replace every layer of ``model`` that its "int8" steps would read in int8 (``_int8_plan``) by an
+    ``Int8Linear``, so that its float32 weight can be freed; the bytes of float32 weights let go.
+    Only for a drafter's model that nothing else holds (one specdec loaded itself): its steps then read
+    int8 at every width, its first read of a long prompt included, and no float32 copy remains for
+    anything else to use. The cross-attention keys and values stay float32 (``_candidates``)."""
+    if not int8_available():
+        return 0
+    parents = {id(child): (parent, name) for parent in model.modules() for name, child in parent.named_children()}
+    freed = 0
+    with torch.no_grad():
+        for module in _candidates(model):
+            parent, name = parents[id(module)]
+            setattr(parent, name, Int8Linear(module))
+            freed += module.weight.numel() * module.weight.element_size()
+    for plans in (_CANDIDATES, _LINEARS, _BF16_PLANS, _INT8_PLANS):
+        plans.pop(model, None)  # they hold the float32 layers
+    return freed

@@ -55,8 +55,9 @@ class ModelDrafter(Drafter):
     ``matmul_precision``: "auto" (the default: on a CPU with oneDNN, the draft's steps' linear layers
     read bfloat16 copies of their weights for the shapes this CPU runs faster so, timed once per
     machine; norms, attention and softmax stay float32), "medium" (bfloat16 for every shape) or
-    "highest" (the draft's float32 as loaded). The draft's numbers never reach the output, which stays
-    the target's.
+    "highest" (the draft's float32 as loaded) or "int8" (int8 weights through fbgemm, x86; a draft
+    loaded from a path then keeps only those). The draft's numbers never reach the output, which
+    stays the target's.
     """
 
     name = "model"
@@ -75,7 +76,8 @@ class ModelDrafter(Drafter):
         from ..core.models import check_architecture, load_pretrained, load_seq2seq, runner_for
 
         who = f"drafter '{self.name}'"
-        if not isinstance(self.model, PreTrainedModel):
+        loaded = not isinstance(self.model, PreTrainedModel)
+        if loaded:
             if target.config.is_encoder_decoder:
                 self.model = load_seq2seq(self.model, dtype=target.dtype, who=who)
             else:
@@ -97,6 +99,17 @@ class ModelDrafter(Drafter):
                     f"{who}: the draft's encoder reads {draft_input[1]}={draft_input[0]} but the target's reads "
                     f"{target_input[1]}={target_input[0]}; both must read the same {target.main_input_name}"
                 )
+        if loaded:
+            self._keep_int8_only()
+
+    def _keep_int8_only(self) -> None:
+        """Under matmul_precision "int8", a draft this drafter loaded itself keeps only its int8 weights
+        (``packed_linear.keep_int8_only``): nothing else holds it, and once its steps read int8 no step
+        reads its float32 ones. A draft model passed in is the caller's, and keeps them."""
+        from ..core import packed_linear
+
+        if self.matmul_precision == "int8" and packed_linear.applies_to(self.model):
+            packed_linear.keep_int8_only(self.model)
 
     def _check_dtype(self, target) -> None:
         """Warn of a half-precision draft that a wider target on a CPU runs with: transformers 5 loads a

@@ -139,7 +139,8 @@ class SharedEncoderDrafter(ModelDrafter):
             raise IncompatibleModelsError(
                 f"{who}: the target {type(target).__name__} has no encoder to share; use drafter 'model' or 'ngram'"
             )
-        if not isinstance(self.model, PreTrainedModel):
+        loaded = not isinstance(self.model, PreTrainedModel)
+        if loaded:
             from .shared_encoder_draft import draft_file, load_shared_encoder_draft
 
             if draft_file(self.model) is not None:  # a draft distilled by specdec (reduced head, target's embeddings)
@@ -165,6 +166,8 @@ class SharedEncoderDrafter(ModelDrafter):
         self._check_vocabulary(target)
         self._check_dtype(target)
         self._shared_cross = shared_cross_attention_layers(self.model, target)
+        if loaded:
+            self._keep_int8_only()
 
     def propose(self, state, max_tokens, keep_drafting):
         lend_cross_attention(self._cached, state, self._shared_cross)
