@@ -77,8 +77,9 @@ class CachedModel:
         screens = (self.role == "target" and state.screen_suppressed is not None and self.runner.packed_steps
                    and screened_head.applies_to(self.model))
         # A lone row's verifies (up to screened_head.MAX_ROWS tokens) never read a screened head's
-        # packed float32 copy: it is made at the first call that does, if one comes (101 MiB on
-        # whisper-base, stop 60).
+        # packed float32 copy (101 MiB on whisper-base, stop 60), and its rare reads that need float32
+        # logits of every token run on torch's path (screened_head.screened_head): the copy is made
+        # only by a batched request.
         leave = (screened_head.head_of(self.model),) if screens and state.batch_size == 1 else ()
         if self.runner.packed_steps:
             pack(self.model, self.runner.matmul_precision, leave=leave)  # now, not in the first step the policies time

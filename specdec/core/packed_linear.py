@@ -229,9 +229,9 @@ def pack(model: torch.nn.Module, matmul_precision: str = "highest", leave: tuple
     """Pack every layer ``packed_steps`` would switch, now (a no-op for layers already packed), in
     bfloat16 too where ``matmul_precision`` reads it. specdec calls it as a request begins: packing
     takes time (0.85 s for SmolLM2-135M), which would otherwise land in the first multi-token step,
-    where the cost-aware policies would take it for what a verify costs. The float32 copies of
-    ``leave``'s layers are made at their first packed call instead (a screened LM head at batch 1,
-    whose verifies never read it: CachedModel.begin)."""
+    where the cost-aware policies would take it for what a verify costs. ``leave``'s layers are not
+    packed here (a screened LM head at batch 1, whose verifies never read its float32 copy, and whose
+    rare full reads then stay on torch's path: CachedModel.begin); a packed call makes the copy."""
     if matmul_precision == "int8" and int8_available():
         for module, _ in _int8_plan(model):
             packed_weight_int8(module.weight)
@@ -269,6 +269,12 @@ def packed_weight(weight: torch.Tensor) -> torch.Tensor:
     packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
     _PACKED[weight] = (weight._version, packed)
     return packed
+
+
+def has_packed_copy(weight: torch.Tensor) -> bool:
+    """Whether ``weight``'s float32 packed copy exists (``packed_weight`` made it, for these values)."""
+    known = _PACKED.get(weight)
+    return known is not None and known[0] == weight._version
 
 
 def packed_weight_bfloat16(weight: torch.Tensor) -> torch.Tensor:

@@ -141,7 +141,13 @@ def screened_head(model: torch.nn.Module, suppressed: tuple[torch.Tensor, ...] =
     (``suppression_masks``); other calls go to the forward it had on entry (a packed one, or its own)."""
     head = head_of(model)
     previous = head.__dict__.get("forward")
-    head.forward = functools.partial(_screened_forward, head, previous or type(head).forward.__get__(head), suppressed)
+    fallback = previous
+    if fallback is not None and not packed_linear.has_packed_copy(head.weight):
+        # A head left unpacked for a lone row's request (CachedModel.begin) stays so: its rare full
+        # reads (a verify of more than MAX_ROWS tokens, rows unsure of most of the vocabulary) run on
+        # torch's path rather than make a float32 copy for them (101 MiB on whisper-base).
+        fallback = None
+    head.forward = functools.partial(_screened_forward, head, fallback or type(head).forward.__get__(head), suppressed)
     try:
         yield
     finally:
