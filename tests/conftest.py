@@ -24,6 +24,25 @@ REAL_TIME_SHAPE_BFLOAT16 = packed_linear.time_shape_bfloat16
 REAL_RECORDED, REAL_RECORD = packed_linear._recorded, packed_linear._record
 
 
+def finished_requests(monkeypatch) -> dict:
+    """What each ``CachedModel`` held as its last request ended, by role ("target", "draft"): its
+    ``slots`` and its runner's ``encoder_outputs``. The decoder lets them go then
+    (``CachedModel.end``); a test that looks into a finished request's caches reads them here."""
+    from types import SimpleNamespace
+
+    from specdec.core.cached_model import CachedModel
+
+    kept = {}
+    end = CachedModel.end
+
+    def keeping(self, state):
+        kept[self.role] = SimpleNamespace(slots=self.slots, encoder_outputs=self.runner.encoder_outputs)
+        end(self, state)
+
+    monkeypatch.setattr(CachedModel, "end", keeping)
+    return kept
+
+
 def pin_packing(monkeypatch, start: int | None = 4, smallest: int = 3 << 18, one_row: bool = False,
                 bfloat16: bool = False) -> None:
     """Make packed_linear's timing say that packed weights are faster from ``start`` rows (None:

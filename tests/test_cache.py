@@ -82,14 +82,15 @@ def test_what_every_row_drops_is_cut_off_not_kept_as_holes():
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
 
 
-def test_a_batch_of_one_never_holds_a_hole():
+def test_a_batch_of_one_never_holds_a_hole(monkeypatch):
     """In the loop, a lone row's rejected drafts are cut off: its cache stays hole-free."""
     from specdec import SpeculativeDecoder
     from specdec.drafters import ModelDrafter
     from specdec.policies import ConstantLookahead
 
-    from .conftest import perturbed_copy, tiny_llama
+    from .conftest import finished_requests, perturbed_copy, tiny_llama
 
+    finished = finished_requests(monkeypatch)
     target = tiny_llama(20, vocab=32, layers=2, dtype=torch.float64, init=0.3)
     decoder = SpeculativeDecoder(target=target, drafter=ModelDrafter(perturbed_copy(target, 0.3)),
                                  policy=ConstantLookahead(k=4))
@@ -107,7 +108,7 @@ def test_a_batch_of_one_never_holds_a_hole():
     assert torch.equal(out.sequences, target.generate(ids, max_new_tokens=24, do_sample=False))
     assert any(accepted < drafted for _, accepted, drafted in caches)  # there were rejections
     assert all(hole_free for hole_free, _, _ in caches)
-    assert not decoder.drafter._cached.slots.holes  # and known so on the host: its steps need no mask
+    assert not finished["draft"].slots.holes  # and known so on the host: its steps need no mask
 
 
 def test_a_finished_row_stays_in_an_encoder_decoder_batch_until_it_has_cost_a_copy():
@@ -266,7 +267,7 @@ class TestGrowingLayer:
             torch.testing.assert_close(got, runner.forward(lazy, block, valid, logits_to_keep=1), rtol=0, atol=0)
 
 
-def test_rows_leave_a_whisper_batch_lazily_and_exactly():
+def test_rows_leave_a_whisper_batch_lazily_and_exactly(monkeypatch):
     """Rows of a Whisper batch end at different steps: the caches (and encoder outputs) are cut fewer
     times than rows leave, and the transcripts are generate's."""
     from transformers.generation.utils import GenerationMixin
@@ -275,8 +276,10 @@ def test_rows_leave_a_whisper_batch_lazily_and_exactly():
     from specdec.drafters import SharedEncoderDrafter
     from specdec.policies import ConstantLookahead
 
+    from .conftest import finished_requests
     from .tiny_whisper import NO_TIMESTAMPS, SOT, TRANSCRIBE, features, tiny_distil_decoder, tiny_whisper
 
+    finished = finished_requests(monkeypatch)
     target = tiny_whisper(seed=0)
     x = features(6, seed=43)
     prompt = torch.tensor([[SOT, 258, TRANSCRIBE, NO_TIMESTAMPS]] * 6)
@@ -298,10 +301,11 @@ def test_rows_leave_a_whisper_batch_lazily_and_exactly():
     assert len(left) == 2 and left[1] - left[0] > 10, left
     # Row 4 was cut out once the five others had read its share five times; row 5 left two steps
     # before the end, too late to be worth a copy of four rows.
-    assert decoder._target.slots.row_cuts == 1 and decoder._target.slots.physical_batch == 5
-    assert decoder._target.runner.encoder_outputs.last_hidden_state.shape[0] == 5
+    target_slots, draft_slots = finished["target"].slots, finished["draft"].slots
+    assert target_slots.row_cuts == 1 and target_slots.physical_batch == 5
+    assert finished["target"].encoder_outputs.last_hidden_state.shape[0] == 5
     # Every cache's cut is counted where a timing policy sees it (the draft's cache cuts too).
-    assert state.row_cuts == decoder._target.slots.row_cuts + decoder.drafter._cached.slots.row_cuts >= 2
+    assert state.row_cuts == target_slots.row_cuts + draft_slots.row_cuts >= 2
 
 
 class TestAttentionLayout:
@@ -460,3 +464,65 @@ class TestCacheName:
         assert returned_cache(modeling_outputs.CausalLMOutputWithPast(logits=torch.zeros(1))) is None
         assert returned_cache(modeling_outputs.BaseModelOutputWithPast(last_hidden_state=torch.zeros(1))) is None
         assert asked == []
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("family", ["whisper", "llama"])
+def test_a_finished_request_leaves_no_cache_or_encoder_output_alive(family):
+    """Once generate returns, what the request read is freed: the target's and the draft's caches
+    and the encoder's output (a dynamic cache; a static one stays for the next request of its
+    shape). A decoder kept between requests holds its models only, and the next request's encoder
+    pass does not run beside the last one's keys (whisper-base: about 40 MiB a row). A request that
+    fails lets go of the target's too."""
+    import gc
+    import weakref
+
+    from transformers.generation.utils import GenerationMixin
+
+    from specdec import PluginError, SpeculativeDecoder
+    from specdec.drafters import ModelDrafter, SharedEncoderDrafter
+    from specdec.observers import Observer
+    from specdec.policies import ConstantLookahead
+
+    from .conftest import left_padded_prompts, perturbed_copy
+    from .tiny_whisper import NO_TIMESTAMPS, SOT, TRANSCRIBE, decoder_of, features, tiny_whisper
+
+    alive = []
+
+    class Watch(Observer):
+        def on_step(self, state, step):  # the last step's tensors: a growing cache replaces its earlier ones
+            alive.clear()
+            caches = [decoder._target.slots.cache, decoder.drafter._cached.slots.cache]
+            if family == "whisper":
+                caches = [cache.cross_attention_cache for cache in caches] + [caches[0].self_attention_cache]
+                alive.append(weakref.ref(state.encoder_outputs.last_hidden_state))
+            alive.extend(weakref.ref(cache.layers[0].keys) for cache in caches)
+
+    if family == "whisper":
+        target = tiny_whisper(seed=0)
+        inputs = dict(input_ids=torch.tensor([[SOT, 258, TRANSCRIBE, NO_TIMESTAMPS]] * 2), input_features=features(2, seed=5))
+        reference = GenerationMixin.generate(target, inputs["input_features"], decoder_input_ids=inputs["input_ids"],
+                                             max_new_tokens=8)
+        drafter = SharedEncoderDrafter(model=decoder_of(target))
+    else:
+        target = tiny_model("llama")
+        ids, mask = left_padded_prompts([5, 2])
+        inputs = dict(input_ids=ids, attention_mask=mask)
+        reference = target.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False)
+        drafter = ModelDrafter(perturbed_copy(target, 0.05))
+    decoder = SpeculativeDecoder(target=target, drafter=drafter, policy=ConstantLookahead(k=3), observers=[Watch()])
+    out = decoder.generate(**inputs, max_new_tokens=8)
+    assert torch.equal(out.sequences, reference)
+    gc.collect()
+    assert len(alive) == (4 if family == "whisper" else 2) and all(ref() is None for ref in alive)
+
+    class Failing(ConstantLookahead):
+        def lookahead(self, state):
+            if state.iteration == 1:
+                raise RuntimeError("no")
+            return super().lookahead(state)
+
+    failing = SpeculativeDecoder(target=target, drafter=drafter, policy=Failing(k=3))
+    with pytest.raises(PluginError, match="no"):
+        failing.generate(**inputs, max_new_tokens=8)
+    assert failing._target.slots is None and failing._target.runner.encoder_outputs is None

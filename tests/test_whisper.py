@@ -18,6 +18,7 @@ from specdec.plugins import get_registry
 from specdec.policies import ConstantLookahead
 from specdec.whisper import WhisperSpeculativeDecoder, speculative_whisper_generate
 
+from .conftest import finished_requests
 from .tiny_whisper import (
     EOT,
     NO_TIMESTAMPS,
@@ -202,9 +203,10 @@ class TestEncoderDecoderGenerate:
             decoder = SpeculativeDecoder(target=moonshine, drafter=drafter, policy=ConstantLookahead(k=3))
             assert_same(reference, decoder.generate(input_values=audio, max_new_tokens=12).sequences)
 
-    def test_finished_rows_stay_and_leave_exactly_in_another_family(self):
+    def test_finished_rows_stay_and_leave_exactly_in_another_family(self, monkeypatch):
         """Rows of a Moonshine batch with padded audio end at different steps (2 and 8 of 40), stay
         in the model's batch a while, then the batch is cut: still generate's output."""
+        finished = finished_requests(monkeypatch)
         moonshine = tiny_moonshine()
         audio = torch.randn(6, 4000, dtype=torch.float64)
         mask = torch.ones(6, 4000, dtype=torch.long)
@@ -222,7 +224,8 @@ class TestEncoderDecoderGenerate:
         decoder = SpeculativeDecoder(target=moonshine, drafter=ModelDrafter(model=moonshine), policy=ConstantLookahead(k=3))
         out = decoder.generate(input_values=audio, encoder_attention_mask=mask, max_new_tokens=40, eos_token_id=eos)
         assert_same(reference, out.sequences)
-        assert decoder._target.slots.row_cuts == 1 and decoder._target.slots.physical_batch == 4
+        slots = finished["target"].slots
+        assert slots.row_cuts == 1 and slots.physical_batch == 4
 
     def test_models_without_decoder_positions_are_refused(self):
         """BART cannot take decoder_position_ids, so holes cannot be hidden: a ConfigError says so."""
@@ -403,9 +406,10 @@ class TestSharedCrossAttention:
         assert shared_cross_attention_layers(tiny_distil_decoder(seed=1), target) == []
 
     @pytest.mark.parametrize("plain_first", [False, True], ids=["draft-reads-first", "target-reads-first"])
-    def test_keys_are_computed_once_and_output_is_exact(self, plain_first):
+    def test_keys_are_computed_once_and_output_is_exact(self, plain_first, monkeypatch):
         """Whichever model reads the encoder output first computes the shared layer's keys; the
         other never runs that projection. Transcripts equal generate's."""
+        finished = finished_requests(monkeypatch)
         target, draft = self.pair()
 
         class PlainFirst(ConstantLookahead):
@@ -429,8 +433,8 @@ class TestSharedCrossAttention:
                 hook.remove()
         assert_same(reference, out.sequences)
         assert calls == ({"draft": 0, "target": 1} if plain_first else {"draft": 1, "target": 0})
-        draft_layer = decoder.drafter._cached.slots.cache.cross_attention_cache.layers[0]
-        target_layer = decoder._target.slots.cache.cross_attention_cache.layers[1]
+        draft_layer = finished["draft"].slots.cache.cross_attention_cache.layers[0]
+        target_layer = finished["target"].slots.cache.cross_attention_cache.layers[1]
         assert draft_layer.keys is target_layer.keys and draft_layer.values is target_layer.values
 
 
@@ -524,30 +528,33 @@ class TestEncoderFrames:
         assert audio_frames(None, 1500) is None and audio_frames(torch.zeros(80, 3000), 1500) is None
 
     @pytest.mark.parametrize("batch", [1, 3])
-    def test_narrowed_draft_is_exact(self, target, batch):
+    def test_narrowed_draft_is_exact(self, target, batch, monkeypatch):
         x = spoken([4.0, 2.5, 6.0][:batch], seed=batch)
         prompt = torch.tensor([[SOT, 258, TRANSCRIBE, NO_TIMESTAMPS]] * batch)
         reference = GenerationMixin.generate(target, x, decoder_input_ids=prompt, max_new_tokens=MAX_NEW)
         from specdec.drafters.shared_encoder import audio_frames
 
         frames = audio_frames(x, 1500)
+        finished = finished_requests(monkeypatch)
         for drafter in (SharedEncoderDrafter(model=decoder_of(target)), SharedEncoderDrafter(model=tiny_distil_decoder(seed=1))):
             decoder = SpeculativeDecoder(target=target, drafter=drafter, policy=ConstantLookahead(k=3))
             out = decoder.generate(prompt, input_features=x, max_new_tokens=MAX_NEW)
             assert_same(reference, out.sequences)
-            assert [layer.keys.shape[-2] for layer in drafter._cached.slots.cache.cross_attention_cache.layers] == [frames]
-            assert [layer.keys.shape[-2] for layer in decoder._target.slots.cache.cross_attention_cache.layers] == [1500]
+            assert [layer.keys.shape[-2] for layer in finished["draft"].slots.cache.cross_attention_cache.layers] == [frames]
+            assert [layer.keys.shape[-2] for layer in finished["target"].slots.cache.cross_attention_cache.layers] == [1500]
 
-    def test_all_frames_keeps_every_frame(self, target):
+    def test_all_frames_keeps_every_frame(self, target, monkeypatch):
         x = spoken([4.0])
+        finished = finished_requests(monkeypatch)
         drafter = SharedEncoderDrafter(model=decoder_of(target), encoder_frames="all")
         decoder = SpeculativeDecoder(target=target, drafter=drafter, policy=ConstantLookahead(k=3))
         decoder.generate(torch.tensor([[SOT, 258, TRANSCRIBE, NO_TIMESTAMPS]]), input_features=x, max_new_tokens=8)
-        assert [layer.keys.shape[-2] for layer in drafter._cached.slots.cache.cross_attention_cache.layers] == [1500]
+        assert [layer.keys.shape[-2] for layer in finished["draft"].slots.cache.cross_attention_cache.layers] == [1500]
 
-    def test_a_shared_layer_is_lent_whole_then_narrowed(self):
+    def test_a_shared_layer_is_lent_whole_then_narrowed(self, monkeypatch):
         """The draft reads first and computes the shared layer's keys over every frame: the target
         takes them whole (it never computes them), the draft keeps a view of the audio's frames."""
+        finished = finished_requests(monkeypatch)
         target, draft = TestSharedCrossAttention.pair()
         x = spoken([3.0, 5.0], seed=7)
         prompt = torch.tensor([[SOT, 258, TRANSCRIBE, NO_TIMESTAMPS]] * 2)
@@ -562,8 +569,8 @@ class TestEncoderFrames:
             hook.remove()
         assert_same(reference, out.sequences)
         assert calls == []
-        mine = drafter._cached.slots.cache.cross_attention_cache.layers[0].keys
-        theirs = decoder._target.slots.cache.cross_attention_cache.layers[1].keys
+        mine = finished["draft"].slots.cache.cross_attention_cache.layers[0].keys
+        theirs = finished["target"].slots.cache.cross_attention_cache.layers[1].keys
         assert theirs.shape[-2] == 1500 and mine.shape[-2] < 1500 and mine.data_ptr() == theirs.data_ptr()
 
     def test_bad_value_is_refused(self):

@@ -97,6 +97,16 @@ class CachedModel:
         self._round_columns = self._catch_up_columns = self._speculative_read = 0
         self._round_start_host = None
 
+    def end(self, state) -> None:
+        """The request is over: let go of its cache and of what the runner read for it, which would
+        otherwise live on until the next request's begin, through that request's encoder pass
+        (whisper-base: about 40 MiB a row, most of it the cross-attention keys and values over 1,500
+        frames). A static cache stays: the next request of its shape decodes into it."""
+        if not state.static_shapes:
+            self.slots = None
+        self.positions = self.valid = self._round_start = None
+        self.runner.end()
+
     @property
     def reading(self) -> bool:
         """Whether a round is open (something was read since the last ``keep``)."""

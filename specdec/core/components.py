@@ -105,10 +105,15 @@ class Drafter(Component):
     def select_rows(self, state, keep: torch.Tensor, keep_host: torch.Tensor) -> None:
         """Finished rows leave the batch."""
 
+    def on_finish(self, state, output) -> None:
+        """The request is done (``output`` is the ``DecodeOutput`` about to be returned): let go of
+        what it held (a KV cache), which would otherwise live on until the next request."""
+
     specdec_begin = relay(Component.begin)
     specdec_propose = relay(propose)
     specdec_on_step = relay(Component.on_step)
     specdec_select_rows = relay(select_rows)
+    specdec_on_finish = relay(on_finish)
 
 
 def _as_row_lengths(policy, args, k) -> torch.Tensor:

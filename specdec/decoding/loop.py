@@ -229,12 +229,16 @@ class SpeculativeDecoder:
         state.encoder_outputs = self._target.runner.begin(encoder_outputs=state.encoder_outputs, **state.model_inputs)
         self._target.begin(state)
         state.target_slots = self._target.slots
-        hooks.specdec_begin(state=state, target=self.target)
-        while state.active:
-            self._iterate(state)
-        new_tokens = int(state.lengths_host.max()) - state.prompt_width
-        output = DecodeOutput(sequences=state.sequences[:, : state.prompt_width + new_tokens].clone(), stats=self._stats.stats)
-        hooks.specdec_on_finish(state=state, output=output)
+        try:
+            hooks.specdec_begin(state=state, target=self.target)
+            while state.active:
+                self._iterate(state)
+            new_tokens = int(state.lengths_host.max()) - state.prompt_width
+            output = DecodeOutput(sequences=state.sequences[:, : state.prompt_width + new_tokens].clone(),
+                                  stats=self._stats.stats)
+            hooks.specdec_on_finish(state=state, output=output)  # a drafter lets go of its cache there
+        finally:
+            self._target.end(state)
         return output
 
     def _iterate(self, state: DecodeState) -> None:

@@ -112,6 +112,11 @@ class FallbackDrafter(Drafter):
             with drafter.blame("select_rows"):
                 drafter.select_rows(state, keep, keep_host)
 
+    def on_finish(self, state, output) -> None:
+        for drafter in self._both():
+            with drafter.blame("on_finish"):
+                drafter.on_finish(state, output)
+
 
 def _merge(first: Draft, then: Draft, use_first_host) -> Draft:
     """Row b of ``first`` where ``use_first_host[b]``, else row b of ``then``, padded to the wider one."""

@@ -223,6 +223,10 @@ class HiddenStateDrafter(Drafter):
     def select_rows(self, state, keep, keep_host) -> None:
         self._cached.select_rows(state, keep)
 
+    def on_finish(self, state, output) -> None:
+        self._cached.end(state)
+        self._hidden = None
+
 
 @hookimpl
 def specdec_register(registry):

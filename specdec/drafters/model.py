@@ -202,6 +202,9 @@ class ModelDrafter(Drafter):
     def select_rows(self, state, keep, keep_host) -> None:
         self._cached.select_rows(state, keep)
 
+    def on_finish(self, state, output) -> None:
+        self._cached.end(state)
+
 
 def _encoder_input_shape(model) -> tuple:
     """What an encoder-decoder model's encoder reads: (mel bins / channels, the config field), or (None, None)."""
