@@ -32,8 +32,9 @@ English, task transcribe, no timestamps, greedy):
   recomputes in float32 the logits that could be the argmax (``core/screened_head.py``).
 - ``specdec-draft2``: ``specdec`` with the shared-encoder draft of ``--draft2`` instead;
   ``specdec-draft2int8`` the same on int8 weights (as ``specdec-draftint8``, the shipped config).
-- ``specdec-draftint8``: ``specdec`` with the draft's linear layers on int8 weights
-  (``matmul_precision = "int8"``: fbgemm's dynamic int8 linear, a scale per output row).
+- ``specdec-draftint8``: the shipped config: ``specdec`` with the draft's linear layers on int8
+  weights (``matmul_precision = "int8"``: fbgemm's dynamic int8 linear, a scale per output row),
+  the draft loaded from ``--draft`` by the drafter, which then keeps only its int8 weights.
 - ``specdec-allframes``: ``specdec`` with the draft's cross-attention over all 1500 encoder frames
   (``encoder_frames = "all"``, as before stop 60) instead of the audio's.
 - ``specdec-head``, ``specdec-head-alt3``: ``WhisperSpeculativeDecoder`` with the ``hidden-state``
@@ -56,16 +57,19 @@ encoder's forward is timed by a hook, so its time is known in every contender), 
 (audio seconds / wall seconds, feature extraction and encoder included), acceptance and tokens per
 target call (specdec's stats), and the share of utterances whose token ids equal base's. Memory
 (``--memory``): each contender alone in a fresh process at batch 1 (``--memory-utterances``), its
-peak RSS and its RSS at the end, ``--memory-rounds`` processes each, the contenders in turn (the
-resident set of one config moves by up to 190 MiB between identical processes: docs/benchmarks.md,
-stop 61).
+peak RSS (loading the checkpoint sets it), its peak RSS while it transcribes (from the moment
+everything is loaded), and its RSS once loaded and at the end with the models alive, also once
+glibc has handed the free heap pages back (``malloc_trim``) and of that its anonymous pages
+(tensors and heap, without the library pages mapped in); ``--memory-rounds`` processes each,
+the contenders in turn. Until stop 63 the RSS at the end was read after the models were freed,
+which measured what the allocator kept, not what decoding holds.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import copy
-import gc
 import json
 import os
 import resource
@@ -188,8 +192,9 @@ def new_tokens(ids: torch.Tensor, eot: int) -> int:
 
 
 def contenders(target, draft, policy: str, int8, assistant, hf_tokens: int | None, heads: list[Path] = (),
-               other_draft=None):
-    """name -> (batch sizes it runs at, fn(features) -> (ids, stats or None))."""
+               other_draft=None, draft_path: Path | None = None):
+    """name -> (batch sizes it runs at, fn(features) -> (ids, stats or None)). ``draft_path``: the
+    draft's folder, which the shipped config's contender (``specdec-draftint8``) loads itself."""
 
     def base(x):
         return target.generate(x, language="en", task="transcribe"), None
@@ -207,7 +212,7 @@ def contenders(target, draft, policy: str, int8, assistant, hf_tokens: int | Non
         # One decoder for every call, as `specdec transcribe` keeps one over its files: a policy
         # that measures (cost-aware) keeps what it learnt.
         options = dict(alternatives=alternatives, matmul_precision=precision)
-        drafter = (HiddenStateDrafter(head=str(model), **options) if isinstance(model, Path)
+        drafter = (HiddenStateDrafter(head=str(model), **options) if isinstance(model, Path) and model not in drafts
                    else SharedEncoderDrafter(model=model, encoder_frames=frames, **options))
         decoder = SpeculativeDecoder(target=target, drafter=drafter, policy=make_policy(choice), packed_weights=packed,
                                      screened_head=screened)
@@ -219,12 +224,18 @@ def contenders(target, draft, policy: str, int8, assistant, hf_tokens: int | Non
 
         return run
 
+    drafts = {draft_path} if draft_path is not None else set()  # folders of shared-encoder drafts, not heads
     choices = policy.split(",")
 
     def named(name: str, choice: str) -> str:  # one policy keeps the plain names
         return name if len(choices) == 1 else f"{name} {choice}"
 
     out = {"base": (None, base), "base-packed": (None, base_packed)}
+    for choice in choices if draft_path is not None else ():
+        # The draft's linear layers on int8 weights (matmul_precision "int8", stop 60), the draft
+        # loaded from its folder by the drafter, as whisper.toml has it: it then keeps only its int8
+        # weights (stop 63).
+        out[named("specdec-draftint8", choice)] = (None, speculative(draft_path, choice, precision="int8"))
     for choice in choices if draft is not None else ():
         out[named("specdec", choice)] = (None, speculative(draft, choice))
         out[named("specdec-unpacked", choice)] = (None, speculative(draft, choice, packed=False))
@@ -239,8 +250,6 @@ def contenders(target, draft, policy: str, int8, assistant, hf_tokens: int | Non
         # screen it in bfloat16 where this CPU runs that faster; core/screened_head.py).
         out[named("specdec-unscreened", choice)] = (None, speculative(draft, choice, screened=False))
         out[named("specdec-alt3-fp32", choice)] = (None, speculative(draft, choice, alternatives=3, precision="highest"))
-        # The draft's linear layers on int8 weights (matmul_precision "int8", stop 60).
-        out[named("specdec-draftint8", choice)] = (None, speculative(draft, choice, precision="int8"))
         # The draft's cross-attention over all 1500 encoder frames, as before stop 60.
         out[named("specdec-allframes", choice)] = (None, speculative(draft, choice, frames="all"))
     for choice in choices if other_draft is not None else ():
@@ -276,8 +285,10 @@ def measure(args) -> dict:
     wanted = set(args.contenders.split(","))
     # Only contenders that draft with it load the draft: base's peak memory (--memory) must not hold it.
     draft = load_shared_encoder_draft(args.draft, target) if wanted & {"specdec", "specdec-unpacked", "specdec-stop21", "specdec-widthon", "specdec-stop34", "specdec-alt1", "specdec-alt2", "specdec-alt3",
-                                                                   "specdec-fp32", "specdec-alt3-fp32", "specdec-unscreened", "specdec-allframes", "specdec-draftint8",
+                                                                   "specdec-fp32", "specdec-alt3-fp32", "specdec-unscreened", "specdec-allframes",
                                                                    "hf-assisted"} else None
+    # The shipped config's contender loads the draft itself (and keeps it in int8 only).
+    draft_path = args.draft if "specdec-draftint8" in wanted else None
     eot = target.generation_config.eos_token_id
     clock = EncoderClock(target)
     assistant = full_head_assistant(draft, target) if "hf-assisted" in wanted else None
@@ -285,7 +296,12 @@ def measure(args) -> dict:
     heads = [Path(path) for path in args.head.split(",")] if args.head else []
     other = load_shared_encoder_draft(args.draft2, target) if wanted & {"specdec-draft2", "specdec-draft2int8"} else None
     runs = {name: value for name, value in contenders(target, draft, args.policy, int8, assistant,
-                                                      args.hf_assistant_tokens, heads, other).items() if name.split()[0] in wanted}
+                                                      args.hf_assistant_tokens, heads, other, draft_path).items()
+            if name.split()[0] in wanted}
+    if args.peak_rss:  # what decoding adds is measured from here, everything loaded
+        loading_peak, loaded = peak_mib(), trimmed_mib()
+        loaded_anonymous = resident_mib("RssAnon")
+        reset_peak()
     rows = load_utterances(args.audio_dir, args.limit)
     audio_seconds = [r["seconds"] for r in rows]
     results = {}
@@ -351,27 +367,68 @@ def measure(args) -> dict:
         results[batch] = summary
         print(json.dumps({"batch": batch, **{n: {k: v for k, v in s.items() if k != "walls"} for n, s in summary.items()}},
                          indent=1), flush=True)
+    if args.peak_rss:  # the models still alive: what a process that goes on transcribing holds
+        print(loading_peak, peak_mib(), loaded, loaded_anonymous, resident_mib(), trimmed_mib(), resident_mib("RssAnon"),
+              flush=True)
     return results
 
 
-def memory_of(args, name: str) -> tuple[float, float]:
+MEMORY_FIELDS = ("loading_peak_mib", "decoding_peak_mib", "loaded_mib", "loaded_anonymous_mib", "end_mib",
+                 "end_trimmed_mib", "end_anonymous_mib")
+
+
+def memory_of(args, name: str) -> dict[str, float]:
     """A fresh process that loads everything ``name`` needs and transcribes ``--memory-utterances``
-    utterances at batch 1 (after one untimed): its peak RSS and its RSS at the end (MiB)."""
+    utterances at batch 1 (after one untimed), in MiB: its peak RSS over the whole process (loading
+    the checkpoint sets it); its peak RSS from the moment everything was loaded (``reset_peak``) to
+    the end of transcribing; and its RSS once loaded, at the end, and at the end once the C
+    allocator has handed its free pages back (``trimmed_mib``), the latter all with the models
+    alive, and of the trimmed ones the anonymous pages (``RssAnon``: tensors and the heap; the
+    rest is files mapped in, mostly the pages of torch's libraries that its kernels touched)."""
     command = [sys.executable, __file__, "--audio-dir", str(args.audio_dir), "--model", args.model, "--draft",
                str(args.draft), *(["--head", str(args.head)] if args.head else []),
                *(["--draft2", str(args.draft2)] if args.draft2 else []), "--batch-sizes", "1", "--repeats", "1",
                "--limit", str(args.memory_utterances), "--contenders", name, "--policy", args.policy,
                "--threads", str(args.threads), "--peak-rss"]
     out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
-    peak, resident = out.strip().splitlines()[-1].split()
-    return float(peak), float(resident)
+    return dict(zip(MEMORY_FIELDS, (float(value) for value in out.strip().splitlines()[-1].split())))
 
 
-def resident_mib() -> float:
-    """This process's resident set now (Linux: /proc; elsewhere its peak)."""
+def reset_peak() -> None:
+    """Linux (4.0 on): set this process's peak resident set (VmHWM) to its resident set now."""
+    try:
+        with open("/proc/self/clear_refs", "w") as refs:
+            refs.write("5")
+    except OSError:
+        pass
+
+
+def peak_mib() -> float:
+    """This process's peak resident set since ``reset_peak`` (Linux: VmHWM; elsewhere since it began)."""
     try:
         with open("/proc/self/status") as status:
-            return next(int(line.split()[1]) for line in status if line.startswith("VmRSS")) / 1024
+            return next(int(line.split()[1]) for line in status if line.startswith("VmHWM")) / 1024
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def trimmed_mib() -> float:
+    """The resident set after glibc's ``malloc_trim(0)`` hands the heap's free pages back: what the
+    process holds, without the freed blocks the allocator keeps, which moved the resident set of
+    identical runs by up to 190 MiB (docs/benchmarks.md, stop 61); elsewhere the resident set."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+    return resident_mib()
+
+
+def resident_mib(field: str = "VmRSS") -> float:
+    """This process's resident set now, or the part of it that ``field`` of /proc/self/status names
+    (Linux; elsewhere its peak)."""
+    try:
+        with open("/proc/self/status") as status:
+            return next(int(line.split()[1]) for line in status if line.startswith(field + ":")) / 1024
     except (OSError, StopIteration):
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -401,18 +458,15 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
     results = measure(args)
-    if args.peak_rss:
-        gc.collect()
-        print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, resident_mib())
+    if args.peak_rss:  # measure() printed the process's memory
         return 0
     info = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": cpu_name(),
             "load": os.getloadavg(), "threads": args.threads, "policy": args.policy, "results": results}
     if args.memory:
         names = args.contenders.split(",")
         rounds = [{name: memory_of(args, name) for name in names} for _ in range(args.memory_rounds)]
-        info["peak_rss_mib"] = {name: [r[name][0] for r in rounds] for name in names}
-        info["final_rss_mib"] = {name: [r[name][1] for r in rounds] for name in names}
-        print(json.dumps({"peak_rss_mib": info["peak_rss_mib"], "final_rss_mib": info["final_rss_mib"]}), flush=True)
+        info["memory"] = {field: {name: [r[name][field] for r in rounds] for name in names} for field in MEMORY_FIELDS}
+        print(json.dumps(info["memory"]), flush=True)
     if args.json:
         args.json.write_text(json.dumps(info, indent=1))
     return 0
