@@ -363,16 +363,15 @@ def test_wide_calls_and_unsure_rows_read_the_float32_head():
     head = torch.nn.Linear(64, 4096, bias=False)
     fallback = []
     forward = lambda x: fallback.append(x.shape) or torch.nn.functional.linear(x, head.weight)  # noqa: E731
-    screened_head._screened_forward(head, forward, (), torch.randn(1, screened_head.MAX_ROWS + 1, 64))
-    assert fallback == [torch.Size([1, screened_head.MAX_ROWS + 1, 64])]
+    screened_head._screened_forward(head, forward, (), torch.randn(2, screened_head.MAX_ROWS // 2 + 1, 64))
+    assert fallback == [torch.Size([2, screened_head.MAX_ROWS // 2 + 1, 64])]
 
 
 @needs_bfloat16
 def test_a_lone_rows_screened_head_gets_no_packed_float32_copy(monkeypatch):
-    """At batch 1 every verify of up to MAX_ROWS tokens is screened, so the head's packed float32
-    copy (101 MiB on whisper-base) is not made as the request begins, nor by a lone row's verify past
-    MAX_ROWS, which reads the head on torch's path; a batched request, whose wider verifies read the
-    copy, packs it as it begins."""
+    """At batch 1 every verify is screened, wider than MAX_ROWS too, so the head's packed float32
+    copy (101 MiB on whisper-base) is not made as the request begins nor later; a batched request,
+    whose verifies past MAX_ROWS read the copy, packs it as it begins."""
     from transformers import GenerationMixin
 
     from specdec.drafters import SharedEncoderDrafter
@@ -387,14 +386,19 @@ def test_a_lone_rows_screened_head_gets_no_packed_float32_copy(monkeypatch):
     x = features(2, seed=11).float()
     prompt = torch.tensor([[SOT, 258, TRANSCRIBE, NO_TIMESTAMPS]] * 2)
     reference = GenerationMixin.generate(target, x, decoder_input_ids=prompt, max_new_tokens=40)
+    screened = []
+    screen = screened_head.screened_logits
+    monkeypatch.setattr(screened_head, "screened_logits", lambda flat, *a, **o: screened.append(len(flat)) or screen(flat, *a, **o))
     for rows, k, packed in ((1, 3, False), (1, 9, False), (2, 3, True)):  # k = 9: verifies of 10 tokens
         monkeypatch.setattr(packed_linear, "_PACKED", packed_linear.WeakIdKeyDictionary())
+        screened.clear()
         decoder = SpeculativeDecoder(target=target, drafter=SharedEncoderDrafter(model=decoder_of(target)),
                                      policy=ConstantLookahead(k=k))
         out = decoder.generate(prompt[:rows], input_features=x[:rows], max_new_tokens=40)
         assert torch.equal(out.sequences, reference[:rows, : out.sequences.shape[1]])
         assert layer in packed_linear._PACKED
         assert (head in packed_linear._PACKED) is packed, (rows, k)
+        assert rows * (k + 1) in screened  # a lone row's 10-token verifies are screened too
     # where bfloat16 is timed slower the head is not screened: its verifies read the float32 copy, made as it begins
     pin_packing(monkeypatch, smallest=0, bfloat16=False)
     monkeypatch.setattr(screened_head, "_PLANS", screened_head.WeakIdKeyDictionary())

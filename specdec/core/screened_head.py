@@ -35,9 +35,9 @@ the first generated position, not after), so that the argmax after the processor
 wherever in the block that position falls (``suppression_masks``). Any other processor reads or
 changes the scores and turns the screen off.
 
-Only calls of 2 to ``MAX_ROWS`` rows are screened: a plain step at batch 1 stays ``generate``'s
-own, as it stays unpacked, and batched verifies keep float32 (their unsure rows make the screen
-dearer than it saves). Where bfloat16 runs a head's shape no faster on this CPU (timed once per
+Calls of 2 to ``MAX_ROWS`` rows, and a lone row's wider verifies, are screened: a plain step at
+batch 1 stays ``generate``'s own, as it stays unpacked, and wider batched verifies keep float32
+(their unsure rows make the screen dearer than it saves). Where bfloat16 runs a head's shape no faster on this CPU (timed once per
 machine with the packed layers, ``packed_linear.bfloat16_at``; CPUs without AVX-512 BF16 or AMX
 emulate it), nothing changes. float64 targets, the exactness proofs' dtype, are never screened.
 """
@@ -162,7 +162,8 @@ def _screened_forward(head: torch.nn.Linear, fallback, suppressed: tuple[torch.T
     features = x.shape[-1]
     rows = x.numel() // features
     _, widths, largest = _plan(weight)
-    if (rows < 2 or rows > MAX_ROWS or x.dtype != torch.float32 or torch.is_grad_enabled()
+    lone = x.dim() == 3 and x.shape[0] == 1  # [1, tokens, features]: one row's verify
+    if (rows < 2 or rows > MAX_ROWS and not lone or x.dtype != torch.float32 or torch.is_grad_enabled()
             or trial_width(rows) not in widths):
         return fallback(x)
     logits, _ = screened_logits(x.reshape(-1, features), weight, largest, suppressed,
@@ -170,11 +171,14 @@ def _screened_forward(head: torch.nn.Linear, fallback, suppressed: tuple[torch.T
     return logits.view(*x.shape[:-1], logits.shape[-1])
 
 
-# Calls of more rows keep the float32 head. Wider calls are batched verifies, whose rows after a
+# Batched calls of more rows keep the float32 head: they are batched verifies, whose rows after a
 # rejected draft leave the target unsure and many tokens within the bound: SmolLM2's shipped config
 # at batch 4 ran 1.58x with every width screened against 1.71x without (docs/benchmarks.md, stop 52),
 # and a cold call of its head over 16-48 uncertain rows took 1.2-2.5x float32's time screened, where
-# 4-12 rows took 0.64-0.78x (ad hoc).
+# 4-12 rows took 0.64-0.78x (ad hoc). A lone row's wider verifies (cost-aware drafts up to 8 tokens)
+# are screened: their head's float32 copy is never made (CachedModel.begin), and whisper-base's head
+# over a lone row's 9 tokens took 3.0 ms screened, 4.2 ms on that copy, 14.2 ms on torch's path
+# (cold, real hidden states; stop 63).
 MAX_ROWS = 8
 
 # Past this share of the head's rows among a call's candidates, float32 over the whole head is cheaper
