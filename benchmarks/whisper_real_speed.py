@@ -56,9 +56,9 @@ Per contender and batch size: decoder tokens per second (tokens / (wall - encode
 encoder's forward is timed by a hook, so its time is known in every contender), end-to-end RTFx
 (audio seconds / wall seconds, feature extraction and encoder included), acceptance and tokens per
 target call (specdec's stats), and the share of utterances whose token ids equal base's. Memory
-(``--memory``): each contender alone in a fresh process at batch 1 (``--memory-utterances``), its
-peak RSS (loading the checkpoint sets it), its peak RSS while it transcribes (from the moment
-everything is loaded), and its RSS once loaded and at the end with the models alive, also once
+(``--memory``): each contender alone in a fresh process that transcribes ``--memory-utterances``
+at batch ``--memory-batch``: its peak RSS while loading, its peak RSS while it transcribes (from
+the moment everything is loaded), and its RSS once loaded and at the end with the models alive, also once
 glibc has handed the free heap pages back (``malloc_trim``) and of that its anonymous pages
 (tensors and heap, without the library pages mapped in); ``--memory-rounds`` processes each,
 the contenders in turn. Until stop 63 the RSS at the end was read after the models were freed,
@@ -379,7 +379,7 @@ MEMORY_FIELDS = ("loading_peak_mib", "decoding_peak_mib", "loaded_mib", "loaded_
 
 def memory_of(args, name: str) -> dict[str, float]:
     """A fresh process that loads everything ``name`` needs and transcribes ``--memory-utterances``
-    utterances at batch 1 (after one untimed), in MiB: its peak RSS over the whole process (loading
+    utterances at batch ``--memory-batch`` (after one untimed), in MiB: its peak RSS over the whole process (loading
     the checkpoint sets it); its peak RSS from the moment everything was loaded (``reset_peak``) to
     the end of transcribing; and its RSS once loaded, at the end, and at the end once the C
     allocator has handed its free pages back (``trimmed_mib``), the latter all with the models
@@ -387,7 +387,7 @@ def memory_of(args, name: str) -> dict[str, float]:
     rest is files mapped in, mostly the pages of torch's libraries that its kernels touched)."""
     command = [sys.executable, __file__, "--audio-dir", str(args.audio_dir), "--model", args.model, "--draft",
                str(args.draft), *(["--head", str(args.head)] if args.head else []),
-               *(["--draft2", str(args.draft2)] if args.draft2 else []), "--batch-sizes", "1", "--repeats", "1",
+               *(["--draft2", str(args.draft2)] if args.draft2 else []), "--batch-sizes", str(args.memory_batch), "--repeats", "1",
                "--limit", str(args.memory_utterances), "--contenders", name, "--policy", args.policy,
                "--threads", str(args.threads), "--peak-rss"]
     out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
@@ -454,6 +454,7 @@ def main() -> int:
                         help="also each contender's peak RSS and final RSS in a fresh process, --memory-rounds times")
     parser.add_argument("--memory-rounds", type=int, default=1, help="fresh processes per contender, contenders in turn")
     parser.add_argument("--memory-utterances", type=int, default=4, help="utterances each fresh process transcribes")
+    parser.add_argument("--memory-batch", type=int, default=1, help="the batch size each fresh process transcribes at")
     parser.add_argument("--peak-rss", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
