@@ -83,7 +83,8 @@ def specdec_select_rows(state, keep, keep_host):
 
 @hookspec
 def specdec_on_finish(state, output):
-    """The request is done; ``output`` is the ``DecodeOutput`` about to be returned."""
+    """The request is done; ``output`` is the ``DecodeOutput`` about to be returned. A drafter lets
+    go of what the request held here (its KV cache), as the loop does of the target's right after."""
 
 
 # attrs metadata key of a component's field that is an argument in Python only, no option of a
