@@ -752,6 +752,11 @@ def test_an_int8_layer_computes_the_linear_layer_to_int8s_rounding():
         assert packed_linear._int8_forward(layer, x).shape == (2, 3, 2048)
     assert torch.equal(packed_linear._int8_forward(layer, x), F.linear(x, layer.weight, layer.bias))  # training: float32
     assert layer.weight in packed_linear._PACKED_INT8
+    kept = packed_linear.Int8Linear(layer)  # the same layer kept only in int8: the same numbers
+    with torch.no_grad():
+        assert torch.equal(kept(x), packed_linear._int8_forward(layer, x))
+        wide = kept(x.double())  # a draft cast to float64 after loading: its rows read in float32
+        assert wide.dtype == torch.float64 and torch.equal(wide, packed_linear._int8_forward(layer, x).double())
 
 
 @needs_pair

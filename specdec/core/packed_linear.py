@@ -776,21 +776,17 @@ class Int8Linear(torch.nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
-def keep_int8_only(model: torch.nn.Module) -> int:
+def keep_int8_only(model: torch.nn.Module) -> None:
     """Replace every layer of ``model`` that its "int8" steps would read in int8 (``_int8_plan``) by an
-    ``Int8Linear``, so that its float32 weight can be freed; the bytes of float32 weights let go.
-    Only for a drafter's model that nothing else holds (one specdec loaded itself): its steps then read
+    ``Int8Linear``, so that its float32 weight can be freed. Only for a drafter's model that nothing else holds (one specdec loaded itself): its steps then read
     int8 at every width, its first read of a long prompt included, and no float32 copy remains for
     anything else to use. The cross-attention keys and values stay float32 (``_candidates``)."""
     if not int8_available():
-        return 0
+        return
     parents = {id(child): (parent, name) for parent in model.modules() for name, child in parent.named_children()}
-    freed = 0
     with torch.no_grad():
         for module in _candidates(model):
             parent, name = parents[id(module)]
             setattr(parent, name, Int8Linear(module))
-            freed += module.weight.numel() * module.weight.element_size()
     for plans in (_CANDIDATES, _LINEARS, _BF16_PLANS, _INT8_PLANS):
         plans.pop(model, None)  # they hold the float32 layers
-    return freed
