@@ -34,7 +34,8 @@ English, task transcribe, no timestamps, greedy):
   ``specdec-draft2int8`` the same on int8 weights (as ``specdec-draftint8``, the shipped config).
 - ``specdec-draftint8``: the shipped config: ``specdec`` with the draft's linear layers on int8
   weights (``matmul_precision = "int8"``: fbgemm's dynamic int8 linear, a scale per output row),
-  the draft loaded from ``--draft`` by the drafter, which then keeps only its int8 weights.
+  the draft loaded from ``--draft`` by the drafter, which then keeps only its int8 weights;
+  ``specdec-draftint8-unpacked`` the same with ``packed_weights = false``.
 - ``specdec-allframes``: ``specdec`` with the draft's cross-attention over all 1500 encoder frames
   (``encoder_frames = "all"``, as before stop 60) instead of the audio's.
 - ``specdec-head``, ``specdec-head-alt3``: ``WhisperSpeculativeDecoder`` with the ``hidden-state``
@@ -192,9 +193,10 @@ def new_tokens(ids: torch.Tensor, eot: int) -> int:
 
 
 def contenders(target, draft, policy: str, int8, assistant, hf_tokens: int | None, heads: list[Path] = (),
-               other_draft=None, draft_path: Path | None = None):
+               other_draft=None, draft_path: Path | None = None, wanted: set[str] | None = None):
     """name -> (batch sizes it runs at, fn(features) -> (ids, stats or None)). ``draft_path``: the
-    draft's folder, which the shipped config's contender (``specdec-draftint8``) loads itself."""
+    draft's folder, which the shipped config's contenders (``specdec-draftint8``, ``-unpacked``) load
+    themselves, each its own copy: only those in ``wanted`` are built."""
 
     def base(x):
         return target.generate(x, language="en", task="transcribe"), None
@@ -235,7 +237,11 @@ def contenders(target, draft, policy: str, int8, assistant, hf_tokens: int | Non
         # The draft's linear layers on int8 weights (matmul_precision "int8", stop 60), the draft
         # loaded from its folder by the drafter, as whisper.toml has it: it then keeps only its int8
         # weights (stop 63).
-        out[named("specdec-draftint8", choice)] = (None, speculative(draft_path, choice, precision="int8"))
+        if wanted is None or "specdec-draftint8" in wanted:
+            out[named("specdec-draftint8", choice)] = (None, speculative(draft_path, choice, precision="int8"))
+        if wanted is None or "specdec-draftint8-unpacked" in wanted:  # whisper.toml's commented packed_weights = false
+            out[named("specdec-draftint8-unpacked", choice)] = (None, speculative(draft_path, choice, packed=False,
+                                                                                   precision="int8"))
     for choice in choices if draft is not None else ():
         out[named("specdec", choice)] = (None, speculative(draft, choice))
         out[named("specdec-unpacked", choice)] = (None, speculative(draft, choice, packed=False))
@@ -288,7 +294,7 @@ def measure(args) -> dict:
                                                                    "specdec-fp32", "specdec-alt3-fp32", "specdec-unscreened", "specdec-allframes",
                                                                    "hf-assisted"} else None
     # The shipped config's contender loads the draft itself (and keeps it in int8 only).
-    draft_path = args.draft if "specdec-draftint8" in wanted else None
+    draft_path = args.draft if wanted & {"specdec-draftint8", "specdec-draftint8-unpacked"} else None
     eot = target.generation_config.eos_token_id
     clock = EncoderClock(target)
     assistant = full_head_assistant(draft, target) if "hf-assisted" in wanted else None
@@ -296,7 +302,7 @@ def measure(args) -> dict:
     heads = [Path(path) for path in args.head.split(",")] if args.head else []
     other = load_shared_encoder_draft(args.draft2, target) if wanted & {"specdec-draft2", "specdec-draft2int8"} else None
     runs = {name: value for name, value in contenders(target, draft, args.policy, int8, assistant,
-                                                      args.hf_assistant_tokens, heads, other, draft_path).items()
+                                                      args.hf_assistant_tokens, heads, other, draft_path, wanted).items()
             if name.split()[0] in wanted}
     if args.peak_rss:  # what decoding adds is measured from here, everything loaded
         loading_peak, loaded = peak_mib(), trimmed_mib()
