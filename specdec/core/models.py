@@ -759,13 +759,13 @@ class Seq2SeqRunner:
             attention_mask = self.layout.masks(slots.slot_mask, slots.positions, position_ids, self.model.dtype,
                                                first_query_slot=slots.length - input_ids.shape[1], branches=branches)
         tokens = {"decoder_input_ids": input_ids} if inputs_embeds is None else {"decoder_inputs_embeds": inputs_embeds}
-        # The first read computes the cross-attention keys, on torch's path as generate's (packed
-        # layers leave them out: packed_linear._candidates). A target's first read that verifies
-        # drafts runs packed as its verifies do; one that scores a single position (a plain first
-        # step) stays generate's own, and an encoder-decoder drafter's first read stays as before. Its LM head is screened either way (the argmax stays
-        # float32's): on whisper-base a first read of 4 prompt tokens and 3 drafts took 13.5 ms in
-        # the head alone on torch's path (docs/benchmarks.md, stop 60), its other layers 4 ms more
-        # than packed (stop 62).
+        # The first read computes the cross-attention keys, on torch's path as generate's (packed layers
+        # leave them out: packed_linear._candidates). A target's first read that verifies drafts runs packed
+        # as its verifies do; one that scores a single position (a plain first step) stays generate's own,
+        # and an encoder-decoder drafter's first read stays as before. Its LM head is screened either way
+        # (the argmax stays float32's): on whisper-base a first read of 4 prompt tokens and 3 drafts took
+        # 13.5 ms in the head alone on torch's path (docs/benchmarks.md, stop 60), its other layers 4 ms
+        # more than packed (stop 62).
         step = slots.length > input_ids.shape[1]
         packed = self.packed_steps and (step or logits_to_keep > 1 and not self.packed_one_row)
         with (packed_steps(self.model, input_ids.numel(), self.packed_one_row, self.matmul_precision) if packed

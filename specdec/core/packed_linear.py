@@ -41,22 +41,22 @@ packed weight (each call checks its own rows: an LM head that keeps fewer positi
 goes by its own). A target's one-row calls (plain steps) are never packed, whatever the measurement:
 specdec's plain steps stay ``generate``'s own. A drafter's are, where measured faster
 (``one_row_faster``; ``packed_steps(..., one_row=True)``): on that EPYC a one-row call of SmolLM2's
-head takes 0.72x the time packed, of its 1536 x 576 MLP weight 0.76x. The
-layers are switched for that forward only (an instance ``forward`` set and removed around it), so
-the model is unchanged outside specdec's steps: its ``generate``, the prefill and every plain
-step run as before. Two first reads run packed all the same (core/models.py): an encoder-decoder
-target's that verifies drafts (Whisper's 4 prompt tokens and the drafts after them), and a
-decoder-only drafter's of a short prompt (a shared-encoder draft's); the cross-attention keys and
-values computed there stay on torch's path, so a target's are ``generate``'s own, and so are those
-a shared-encoder draft lends it. A model's layers are packed as a request begins (``pack``), kept while the weights live, and packed
-again at their next packed call if they were changed in place. Each packed weight costs its size in
-memory once more (an encoder-decoder model's encoder, which no step runs, is left out, and so are
-its decoder's cross-attention keys and values, which a step reads from the cache): SmolLM2-135M
-+412 MiB (+80%); whisper-base's decoder layers +84 MiB, its head +101 MiB more where a verify reads
-it in float32 (a batched request; at batch 1 its bfloat16 screen, 51 MiB, serves instead:
-core/screened_head.py). A model whose packed copy would take more than half of the memory left is
-not packed, with a ``PackingWarning``. Only torch builds whose linear layers run
-on MKL (x86) pack: the step measured above is MKL's.
+head takes 0.72x the time packed, of its 1536 x 576 MLP weight 0.76x. The layers are switched for
+that forward only (an instance ``forward`` set and removed around it), so the model is unchanged
+outside specdec's steps: its ``generate``, the prefill and every plain step run as before. Two first
+reads run packed all the same (core/models.py): an encoder-decoder target's that verifies drafts
+(Whisper's 4 prompt tokens and the drafts after them), and a decoder-only drafter's of a short
+prompt (a shared-encoder draft's); the cross-attention keys and values computed there stay on
+torch's path, so a target's are ``generate``'s own, and so are those a shared-encoder draft lends
+it. A model's layers are packed as a request begins (``pack``), kept while the weights live, and
+packed again at their next packed call if they were changed in place. Each packed weight costs its
+size in memory once more (an encoder-decoder model's encoder, which no step runs, is left out, and
+so are its decoder's cross-attention keys and values, which a step reads from the cache):
+SmolLM2-135M +412 MiB (+80%); whisper-base's decoder layers +84 MiB, its head +101 MiB more where a
+verify reads it in float32 (a batched request; at batch 1 its bfloat16 screen, 51 MiB, serves
+instead: core/screened_head.py). A model whose packed copy would take more than half of the memory
+left is not packed, with a ``PackingWarning``. Only torch builds whose linear layers run on MKL
+(x86) pack: the step measured above is MKL's.
 
 A drafter may also read its weights in bfloat16 (its ``matmul_precision``: "medium" always, "auto"
 where a shape's call is measured faster): the weight packed once more in bfloat16, the call's rows
@@ -778,9 +778,10 @@ class Int8Linear(torch.nn.Module):
 
 def keep_int8_only(model: torch.nn.Module) -> None:
     """Replace every layer of ``model`` that its "int8" steps would read in int8 (``_int8_plan``) by an
-    ``Int8Linear``, so that its float32 weight can be freed. Only for a drafter's model that nothing else holds (one specdec loaded itself): its steps then read
-    int8 at every width, its first read of a long prompt included, and no float32 copy remains for
-    anything else to use. The cross-attention keys and values stay float32 (``_candidates``)."""
+    ``Int8Linear``, so that its float32 weight can be freed. Only for a drafter's model that nothing
+    else holds (one specdec loaded itself): its steps then read int8 at every width, its first read of a
+    long prompt included, and no float32 copy remains for anything else to use. The cross-attention keys
+    and values stay float32 (``_candidates``)."""
     if not int8_available():
         return
     parents = {id(child): (parent, name) for parent in model.modules() for name, child in parent.named_children()}

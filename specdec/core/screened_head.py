@@ -39,7 +39,8 @@ Calls of 2 to ``MAX_ROWS`` rows, and a lone row's wider verifies, are screened: 
 batch 1 stays ``generate``'s own, as it stays unpacked, and wider batched verifies keep float32
 (their unsure rows make the screen dearer than it saves). Where bfloat16 runs a head's shape no
 faster on this CPU (timed once per machine with the packed layers, ``packed_linear.bfloat16_at``;
-CPUs without AVX-512 BF16 or AMX emulate it), nothing changes. float64 targets, the exactness proofs' dtype, are never screened.
+CPUs without AVX-512 BF16 or AMX emulate it), nothing changes. float64 targets, the exactness
+proofs' dtype, are never screened.
 """
 
 from __future__ import annotations
