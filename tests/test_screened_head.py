@@ -104,9 +104,9 @@ class ScreenCounter:
         self.rows = []
         original = screened_head.screened_logits
 
-        def counting(flat, weight, largest, suppressed=(), full=None):
+        def counting(flat, *args, **options):
             self.rows.append(flat.shape[0])
-            return original(flat, weight, largest, suppressed, full)
+            return original(flat, *args, **options)
 
         monkeypatch.setattr(screened_head, "screened_logits", counting)
 
@@ -255,6 +255,77 @@ def test_suppression_masks_follow_the_processors():
     first, second = screened_head.suppression_masks([always, at_begin], model)
     assert first.tolist() == mask.tolist() and second.tolist() == [i in (1, 3, 7) for i in range(10)]
     assert screened_head.suppression_masks([always, RepetitionPenaltyLogitsProcessor(1.2)], model) is None
+    # Whisper's timestamp grammar after the suppressions keeps the screen, the tail from eot in float32
+    grammar = _grammar(eot=6, no_timestamps=7)
+    first, second = screened_head.suppression_masks([always, at_begin, grammar], model)
+    assert first.tolist() == mask.tolist() and screened_head.exact_from([always, at_begin, grammar]) == 6
+    assert screened_head.exact_from([always]) is None
+    assert screened_head.suppression_masks([grammar, always], model) is None  # a suppression its comparison never saw
+
+
+def _grammar(eot: int, no_timestamps: int, begin_index: int = 3):
+    from transformers import GenerationConfig
+    from transformers.generation.logits_process import WhisperTimeStampLogitsProcessor
+
+    config = GenerationConfig(eos_token_id=eot, no_timestamps_token_id=no_timestamps, max_initial_timestamp_index=50)
+    return WhisperTimeStampLogitsProcessor(config, begin_index=begin_index)
+
+
+@needs_bfloat16
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), lean=st.floats(-4.0, 4.0))
+def test_under_the_timestamp_grammar_the_argmax_after_it_is_float32s(seed, lean):
+    """Whisper's layout (text, eot, specials, notimestamps, timestamps), rows whose histories take
+    each branch of the grammar, timestamps leaning by ``lean`` against the text: the tail's logits
+    are float32's, and the grammar's choice on the screened logits is its choice on float32's
+    wherever float64 does not call it a tie."""
+    from .tiny_whisper import EOT, NO_TIMESTAMPS, SOT, TIMESTAMP_BEGIN, VOCAB
+
+    generator = torch.Generator().manual_seed(seed)
+    weight = torch.randn(VOCAB, 64, generator=generator) / 8
+    weight[TIMESTAMP_BEGIN:] += lean / 8 * torch.randn(64, generator=generator)  # a shared direction
+    histories = [[SOT, 258, 262], [SOT, 258, 262, TIMESTAMP_BEGIN], [SOT, 258, 262, TIMESTAMP_BEGIN, 40],
+                 [SOT, 258, 262, TIMESTAMP_BEGIN, 40, TIMESTAMP_BEGIN + 90],
+                 [SOT, 258, 262, TIMESTAMP_BEGIN, 40, TIMESTAMP_BEGIN + 90, TIMESTAMP_BEGIN + 90]]
+    flat = torch.randn(len(histories), 64, generator=generator) * 4
+    flat += lean * weight[TIMESTAMP_BEGIN:].mean(0)
+    grammar = _grammar(eot=EOT, no_timestamps=NO_TIMESTAMPS)
+    largest = float(torch.linalg.vector_norm(weight, dim=1).max())
+    logits, _ = screened_head.screened_logits(flat, weight, largest, exact_from=EOT)
+    full = F.linear(flat, weight)
+    assert torch.equal(logits[:, EOT:], full[:, EOT:]) or torch.allclose(logits[:, EOT:], full[:, EOT:], rtol=0, atol=1e-6)
+    exact = flat.double() @ weight.double().T
+    for row, history in enumerate(histories):
+        ids = torch.tensor([history])
+        chosen = grammar(ids, logits[row : row + 1]).argmax()
+        wanted = grammar(ids, full[row : row + 1]).argmax()
+        reference = grammar(ids, exact[row : row + 1].float())
+        top = reference.topk(2).values[0]
+        if top[0] - top[1] > 1e-4:
+            assert int(chosen) == int(wanted), (row, history)
+
+
+@needs_bfloat16
+@torch.no_grad()
+def test_long_form_transcription_screens_its_head_and_stays_exact(monkeypatch):
+    """A float32 Whisper transcribing with timestamps (the grammar long-form transcription runs): the
+    verifies screen ``proj_out`` and the tokens are generate's."""
+    from specdec.drafters import SharedEncoderDrafter
+    from specdec.whisper import WhisperSpeculativeDecoder
+
+    from .tiny_whisper import decoder_of, features, tiny_whisper
+
+    pin_packing(monkeypatch, smallest=0, bfloat16=True)
+    monkeypatch.setattr(screened_head, "_PLANS", screened_head.WeakIdKeyDictionary())
+    counter = ScreenCounter(monkeypatch)
+    target = tiny_whisper(seed=0).float()
+    x = features(1, seed=11).float()
+    options = dict(language="en", task="transcribe", return_timestamps=True)
+    reference = target.generate(x, **options)
+    whisper = WhisperSpeculativeDecoder(SpeculativeDecoder(target=target, drafter=SharedEncoderDrafter(model=decoder_of(target)),
+                                                           policy=ConstantLookahead(k=3)))
+    assert torch.equal(whisper.generate(x, **options), reference)
+    assert counter.rows
 
 
 @needs_bfloat16
@@ -363,7 +434,7 @@ def test_wide_calls_and_unsure_rows_read_the_float32_head():
     head = torch.nn.Linear(64, 4096, bias=False)
     fallback = []
     forward = lambda x: fallback.append(x.shape) or torch.nn.functional.linear(x, head.weight)  # noqa: E731
-    screened_head._screened_forward(head, forward, (), torch.randn(2, screened_head.MAX_ROWS // 2 + 1, 64))
+    screened_head._screened_forward(head, forward, (), None, torch.randn(2, screened_head.MAX_ROWS // 2 + 1, 64))
     assert fallback == [torch.Size([2, screened_head.MAX_ROWS // 2 + 1, 64])]
 
 

@@ -87,6 +87,7 @@ class CachedModel:
         if leave and not self.runner.screened_steps:  # not screened on this machine: read in float32 after all
             pack(self.model, self.runner.matmul_precision)
         self.runner.screen_suppressed = state.screen_suppressed if self.runner.screened_steps else ()
+        self.runner.screen_exact_from = state.screen_exact_from if self.runner.screened_steps else None
         self.runner.grouped_steps = (not self.runner.rereads and not self.runner.compiled_steps
                                      and gqa_attention.applies_to(self.model))
         if self.slots is not None:

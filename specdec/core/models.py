@@ -403,6 +403,7 @@ class CausalLMRunner:
     grouped_steps = False  # set per request (CachedModel.begin): multi-token steps' attention by gqa_steps
     screened_steps = False  # set per request (CachedModel.begin): multi-row steps' LM head by screened_head
     screen_suppressed = ()  # set per request (CachedModel.begin): the tokens its argmax is taken without
+    screen_exact_from = None  # set per request (CachedModel.begin): the tokens from which it is float32 throughout
 
     @property
     def prepares_masks_off_cpu(self) -> bool:
@@ -470,7 +471,8 @@ class CausalLMRunner:
         with (packed_steps(self.model, input_ids.numel(), self.packed_one_row, self.matmul_precision) if packed
               else nullcontext()), \
                 (gqa_steps(self.model) if self.grouped_steps and step and not one_token else nullcontext()), \
-                (screened_head(self.model, self.screen_suppressed) if self.screened_steps and step else nullcontext()):
+                (screened_head(self.model, self.screen_suppressed, self.screen_exact_from) if self.screened_steps and step
+                 else nullcontext()):
             out = call(attention_mask=attention_mask, position_ids=position_ids, use_cache=True, **kwargs)
         logits = slots.to_active(_last_columns(out.logits, logits_to_keep))
         return (logits, slots.to_active(out.hidden_states[-1][:, -input_ids.shape[1]:])) if hidden else logits
@@ -659,6 +661,7 @@ class Seq2SeqRunner:
     matmul_precision = "highest"  # set per request (CachedModel.begin): a drafter's bfloat16 weights
     screened_steps = False  # set per request (CachedModel.begin): multi-row steps' LM head by screened_head
     screen_suppressed = ()  # set per request (CachedModel.begin): the tokens its argmax is taken without
+    screen_exact_from = None  # set per request (CachedModel.begin): the tokens from which it is float32 throughout
 
     def __init__(self, model: PreTrainedModel):
         missing = [name for name in self.REQUIRED if not _accepts(model, name)]
@@ -769,7 +772,9 @@ class Seq2SeqRunner:
         step = slots.length > input_ids.shape[1]
         packed = self.packed_steps and (step or logits_to_keep > 1 and not self.packed_one_row)
         with (packed_steps(self.model, input_ids.numel(), self.packed_one_row, self.matmul_precision) if packed
-              else nullcontext()), (screened_head(self.model, self.screen_suppressed) if self.screened_steps else nullcontext()):
+              else nullcontext()), \
+                (screened_head(self.model, self.screen_suppressed, self.screen_exact_from) if self.screened_steps
+                 else nullcontext()):
             out = self.model(
                 encoder_outputs=self.encoder_outputs,
                 attention_mask=self._encoder_mask,

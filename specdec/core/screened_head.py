@@ -32,8 +32,16 @@ Logits processors that only suppress tokens (Whisper's ``SuppressTokensLogitsPro
 ``SuppressTokensAtBeginLogitsProcessor``) keep the screen: the candidates are then each row's
 largest among the tokens not suppressed, taken for both cases of the at-begin set (suppressed at
 the first generated position, not after), so that the argmax after the processors is among them
-wherever in the block that position falls (``suppression_masks``). Any other processor reads or
-changes the scores and turns the screen off.
+wherever in the block that position falls (``suppression_masks``). So does Whisper's timestamp
+grammar (``WhisperTimeStampLogitsProcessor``, which ``generate(return_timestamps=True)`` and so every
+long-form transcription runs), after the suppressions: it masks text only as a whole (every token
+below eot, or below the first timestamp) and it compares the timestamps' total probability with the
+best text token's. So the screen computes every token from eot on in float32 (``exact_from``:
+Whisper's special tokens and its 1,501 timestamps, 3 % of whisper-base's head) and takes the
+candidates among the text tokens below: the best text token, the timestamps' log-sum-exp and so the
+argmax after the grammar are float32's (the softmax's normaliser, common to both sides of the
+comparison, reads the other tokens' bfloat16 logits). Any other processor reads or changes the
+scores and turns the screen off.
 
 Calls of 2 to ``MAX_ROWS`` rows, and a lone row's wider verifies, are screened: a plain step at
 batch 1 stays ``generate``'s own, as it stays unpacked, and wider batched verifies keep float32
@@ -116,7 +124,8 @@ def suppression_masks(processors, model: torch.nn.Module) -> tuple[torch.Tensor,
     """What the screen of ``model``'s LM head must take each row's largest logit over, given the
     request's logits processors: ``()`` without processors (all tokens), one ``[V]`` mask of
     suppressed tokens per case where they only suppress tokens (both cases of an at-begin set), None
-    where some processor does anything else (no screen)."""
+    where some processor does anything else (no screen). Whisper's timestamp grammar after them keeps
+    the screen, with the tokens from ``exact_from(processors)`` on in float32."""
     from .state import _CachedSuppression, _prepared_processor  # the masks the loop's processors apply
 
     if not processors:
@@ -124,7 +133,16 @@ def suppression_masks(processors, model: torch.nn.Module) -> tuple[torch.Tensor,
     weight = head_of(model).weight
     always = torch.zeros(weight.shape[0], dtype=torch.bool, device=weight.device)
     at_begin = None
+    grammar = False
     for processor in processors:
+        if _is_timestamp_grammar(processor):
+            eot = processor.eos_token_id
+            if not (isinstance(eot, int) and eot < processor.timestamp_begin <= weight.shape[0]):
+                return None
+            grammar = True
+            continue
+        if grammar:  # a suppression after the grammar would hide a token its comparison read
+            return None
         prepared = _prepared_processor(processor, weight.shape[0], weight.device)
         if type(prepared) is not _CachedSuppression:
             return None
@@ -135,11 +153,24 @@ def suppression_masks(processors, model: torch.nn.Module) -> tuple[torch.Tensor,
     return (always,) if at_begin is None else (always, always | at_begin)
 
 
+def _is_timestamp_grammar(processor) -> bool:
+    from transformers.generation.logits_process import WhisperTimeStampLogitsProcessor
+
+    return type(processor) is WhisperTimeStampLogitsProcessor  # exactly: a subclass may read more
+
+
+def exact_from(processors) -> int | None:
+    """The first token of the tail that a screen under ``processors`` computes in float32 throughout:
+    eot where Whisper's timestamp grammar is among them (``suppression_masks``), else None."""
+    return next((int(p.eos_token_id) for p in processors or () if _is_timestamp_grammar(p)), None)
+
+
 @contextlib.contextmanager
-def screened_head(model: torch.nn.Module, suppressed: tuple[torch.Tensor, ...] = ()):
+def screened_head(model: torch.nn.Module, suppressed: tuple[torch.Tensor, ...] = (), exact_from: int | None = None):
     """Within it, ``model``'s LM head screens its multi-row calls (at the widths ``prepare`` found
     bfloat16 faster at), each row's argmax taken over the tokens outside each of ``suppressed``
-    (``suppression_masks``); other calls go to the forward it had on entry (a packed one, or its own)."""
+    (``suppression_masks``) and below ``exact_from``, the tokens from there on in float32
+    (``exact_from``); other calls go to the forward it had on entry (a packed one, or its own)."""
     head = head_of(model)
     previous = head.__dict__.get("forward")
     fallback = previous
@@ -148,7 +179,8 @@ def screened_head(model: torch.nn.Module, suppressed: tuple[torch.Tensor, ...] =
         # reads (a verify of more than MAX_ROWS tokens, rows unsure of most of the vocabulary) run on
         # torch's path rather than make a float32 copy for them (101 MiB on whisper-base).
         fallback = None
-    head.forward = functools.partial(_screened_forward, head, fallback or type(head).forward.__get__(head), suppressed)
+    head.forward = functools.partial(_screened_forward, head, fallback or type(head).forward.__get__(head), suppressed,
+                                     exact_from)
     try:
         yield
     finally:
@@ -158,7 +190,8 @@ def screened_head(model: torch.nn.Module, suppressed: tuple[torch.Tensor, ...] =
             head.forward = previous
 
 
-def _screened_forward(head: torch.nn.Linear, fallback, suppressed: tuple[torch.Tensor, ...], x: torch.Tensor) -> torch.Tensor:
+def _screened_forward(head: torch.nn.Linear, fallback, suppressed: tuple[torch.Tensor, ...], exact_from: int | None,
+                      x: torch.Tensor) -> torch.Tensor:
     weight = head._parameters["weight"]
     features = x.shape[-1]
     rows = x.numel() // features
@@ -168,7 +201,7 @@ def _screened_forward(head: torch.nn.Linear, fallback, suppressed: tuple[torch.T
             or trial_width(rows) not in widths):
         return fallback(x)
     logits, _ = screened_logits(x.reshape(-1, features), weight, largest, suppressed,
-                                full=fallback)
+                                full=fallback, exact_from=exact_from)
     return logits.view(*x.shape[:-1], logits.shape[-1])
 
 
@@ -189,21 +222,26 @@ MOST_OF_THE_HEAD = 1 / 8
 
 
 def screened_logits(flat: torch.Tensor, weight: torch.Tensor, largest: float, suppressed: tuple[torch.Tensor, ...] = (),
-                    full=None):
+                    full=None, exact_from: int | None = None):
     """``(logits [R, V], (rows, tokens))``: ``flat [R, K] @ weight.T`` in bfloat16, with the
     candidates for each row's argmax (``rows[i]``, ``tokens[i]``) recomputed in float32; ``largest``
     is ``weight``'s largest row norm; with ``suppressed`` masks, the argmax over the tokens outside
-    each of them. Where the candidates span more than ``MOST_OF_THE_HEAD`` of the vocabulary, the
+    each of them; with ``exact_from``, every token from there on in float32 and the candidates taken
+    below it. Where the candidates span more than ``MOST_OF_THE_HEAD`` of the vocabulary, the
     float32 logits of every token (``full(flat)``, or ``flat @ weight.T``)."""
     logits = torch.ops.mkldnn._linear_pointwise(flat.to(torch.bfloat16), packed_weight_bfloat16(weight), None,
                                                 "none", [], "").float()  # [R, V]
     margin = torch.linalg.vector_norm(flat, dim=1, keepdim=True) * (2 * error_factor(flat.shape[1]) * largest)  # [R, 1]
+    screened = logits
+    if exact_from is not None:
+        logits[:, exact_from:] = flat @ weight[exact_from:].T
+        screened, suppressed = logits[:, :exact_from], tuple(mask[:exact_from] for mask in suppressed)
     if not suppressed:
-        candidates = logits >= logits.amax(1, keepdim=True) - margin
+        candidates = screened >= screened.amax(1, keepdim=True) - margin
     else:
-        candidates = torch.zeros_like(logits, dtype=torch.bool)
+        candidates = torch.zeros_like(screened, dtype=torch.bool)
         for mask in suppressed:
-            allowed = logits.masked_fill(mask, -float("inf"))
+            allowed = screened.masked_fill(mask, -float("inf"))
             candidates |= allowed >= allowed.amax(1, keepdim=True) - margin
     at_row, token = candidates.nonzero(as_tuple=True)  # a CPU: no sync to avoid
     tokens, slot = torch.unique(token, return_inverse=True)  # the head rows any row needs, once each

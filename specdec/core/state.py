@@ -102,10 +102,14 @@ class DecodeState:
     # Multi-token steps of float32 CPU models on oneDNN-packed weights (core/packed_linear.py).
     packed_weights: bool = False
     # Where the verify's scores are read only for each position's argmax (a verifier that says so,
-    # ``Verifier.argmax_only``, and no logits processor but token suppression), so that the target's
-    # LM head may be screened in bfloat16 (core/screened_head.py): the masks of the tokens the
-    # processors may suppress (``screened_head.suppression_masks``; () for none). None elsewhere.
+    # ``Verifier.argmax_only``, and no logits processor but token suppression and Whisper's timestamp
+    # grammar after it), so that the target's LM head may be screened in bfloat16
+    # (core/screened_head.py): the masks of the tokens the processors may suppress
+    # (``screened_head.suppression_masks``; () for none). None elsewhere.
     screen_suppressed: tuple | None = None
+    # With the screen, the first token whose logits every screened call computes in float32, all
+    # those after it too (``screened_head.exact_from``: Whisper's timestamp grammar); None for none.
+    screen_exact_from: int | None = None
     # Whether this iteration's verify reads the draft's first-position alternatives when it has them
     # (greedy decoding). A policy that prices them sets it at each lookahead (``cost-aware``: they
     # widen the verify, which pays on some CPUs and loses on others); otherwise they are read.

@@ -225,6 +225,8 @@ class SpeculativeDecoder:
         state.screen_suppressed = (screened_head.suppression_masks(state.processors, self.target)
                                    if self.screened_head and self.packed_weights and self.verifier.argmax_only
                                    and screened_head.applies_to(self.target) else None)
+        state.screen_exact_from = (screened_head.exact_from(state.processors) if state.screen_suppressed is not None
+                                   else None)
         # The encoder runs once per request; drafters that share it read state.encoder_outputs.
         state.encoder_outputs = self._target.runner.begin(encoder_outputs=state.encoder_outputs, **state.model_inputs)
         self._target.begin(state)
