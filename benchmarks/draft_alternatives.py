@@ -101,7 +101,7 @@ def whisper(args, watch: FirstPositions) -> dict:
                                                            policy=CostAwareLookahead()))
     counts: dict = {}
     for row in speed.load_utterances(args.audio_dir, args.limit):
-        decoder.generate(speed.features_for(processor, [row], args.audio_dir), language="en", task="transcribe")
+        decoder.generate(**speed.features_for(processor, [row], args.audio_dir), language="en", task="transcribe")
         watch.score("en", counts)
     return counts
 

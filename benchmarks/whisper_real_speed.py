@@ -116,7 +116,7 @@ def load_pair_and_speech(args):
     target, processor = load_target(args.model)
     draft = load_shared_encoder_draft(args.draft, target)
     rows = load_utterances(args.audio_dir, args.limit)
-    return target, draft, [features_for(processor, [row], args.audio_dir) for row in rows]
+    return target, draft, [features_for(processor, [row], args.audio_dir)["input_features"] for row in rows]
 
 
 def load_target(name: str):
@@ -198,16 +198,18 @@ def contenders(target, draft, policy: str, int8, assistant, hf_tokens: int | Non
     draft's folder, which the shipped config's contenders (``specdec-draftint8``, ``-unpacked``) load
     themselves, each its own copy: only those in ``wanted`` are built."""
 
+    # x: generate's inputs (features_for): the features, and for long-form audio its attention mask
+    # and timestamps on, as transformers' sequential long-form transcription needs them.
     def base(x):
-        return target.generate(x, language="en", task="transcribe"), None
+        return target.generate(**x, language="en", task="transcribe"), None
 
     def base_packed(x):  # every call of 4 rows or more on oneDNN-packed weights (core/packed_linear.py)
         with packed_everywhere(target):
-            return target.generate(x, language="en", task="transcribe"), None
+            return target.generate(**x, language="en", task="transcribe"), None
 
     def assisted(x):
         kwargs = {} if hf_tokens is None else {"num_assistant_tokens": hf_tokens, "num_assistant_tokens_schedule": "constant"}
-        return target.generate(x, language="en", task="transcribe", assistant_model=assistant, **kwargs), None
+        return target.generate(**x, language="en", task="transcribe", assistant_model=assistant, **kwargs), None
 
     def speculative(model, choice, packed=True, rule=None, alternatives=0, precision="auto", screened=True,
                     frames="audio"):
@@ -222,7 +224,7 @@ def contenders(target, draft, policy: str, int8, assistant, hf_tokens: int | Non
 
         def run(x):
             with packing_rule(rule):
-                return whisper.generate(x, language="en", task="transcribe"), whisper.stats
+                return whisper.generate(**x, language="en", task="transcribe"), whisper.stats
 
         return run
 
@@ -274,15 +276,24 @@ def contenders(target, draft, policy: str, int8, assistant, hf_tokens: int | Non
     return out
 
 
-def load_utterances(audio_dir: Path, limit: int):
+def load_utterances(audio_dir: Path, limit: int, long_form: bool = False):
+    """The eval split's English utterances: the short ones (one 30-second window each), or with
+    ``long_form`` those over 30 seconds."""
     rows = json.loads((audio_dir / "utterances.json").read_text())
-    rows = [r for r in rows if r["language"] == "en" and r["seconds"] <= 30.0]
+    rows = [r for r in rows if r["language"] == "en" and (r["seconds"] > 30.0) == long_form]
     return rows[:limit] if limit else rows
 
 
-def features_for(processor, rows, audio_dir):
+def features_for(processor, rows, audio_dir) -> dict:
+    """``generate``'s inputs for ``rows``: their features, padded to one 30-second window each; for
+    long-form audio (a row over 30 s) all of it, with the attention mask and timestamps that
+    transformers' sequential long-form transcription needs."""
     audio = [soundfile.read(str(audio_dir / r["file"]), dtype="float32")[0] for r in rows]
-    return processor.feature_extractor(audio, sampling_rate=16000, return_tensors="pt").input_features
+    if not any(r["seconds"] > 30.0 for r in rows):
+        return {"input_features": processor.feature_extractor(audio, sampling_rate=16000, return_tensors="pt").input_features}
+    batch = processor.feature_extractor(audio, sampling_rate=16000, return_tensors="pt", truncation=False,
+                                        padding="longest", return_attention_mask=True)
+    return {"input_features": batch.input_features, "attention_mask": batch.attention_mask, "return_timestamps": True}
 
 
 def measure(args) -> dict:
@@ -308,7 +319,7 @@ def measure(args) -> dict:
         loading_peak, loaded = peak_mib(), trimmed_mib()
         loaded_anonymous = resident_mib("RssAnon")
         reset_peak()
-    rows = load_utterances(args.audio_dir, args.limit)
+    rows = load_utterances(args.audio_dir, args.limit, args.long_form)
     audio_seconds = [r["seconds"] for r in rows]
     results = {}
     if args.warmup and rows:
@@ -394,7 +405,7 @@ def memory_of(args, name: str) -> dict[str, float]:
     command = [sys.executable, __file__, "--audio-dir", str(args.audio_dir), "--model", args.model, "--draft",
                str(args.draft), *(["--head", str(args.head)] if args.head else []),
                *(["--draft2", str(args.draft2)] if args.draft2 else []), "--batch-sizes", str(args.memory_batch), "--repeats", "1",
-               "--limit", str(args.memory_utterances), "--contenders", name, "--policy", args.policy,
+               "--limit", str(args.memory_utterances), *(["--long-form"] if args.long_form else []), "--contenders", name, "--policy", args.policy,
                "--threads", str(args.threads), "--peak-rss"]
     out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     return dict(zip(MEMORY_FIELDS, (float(value) for value in out.strip().splitlines()[-1].split())))
@@ -449,6 +460,8 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--warmup", type=int, default=1, help="1: run each contender once, untimed, before timing")
     parser.add_argument("--limit", type=int, default=0, help="only the first N English utterances")
+    parser.add_argument("--long-form", action="store_true",
+                        help="the English utterances over 30 s (sequential long-form: 30-second windows, timestamps)")
     parser.add_argument("--policy", default="constant:4",
                         help="constant:K | heuristic:K | cost-aware:MAXK | cost-aware-positions:MAXK (per_position) | "
                              "draft-confidence:MAXK (threshold auto); "
@@ -468,7 +481,7 @@ def main() -> int:
     if args.peak_rss:  # measure() printed the process's memory
         return 0
     info = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": cpu_name(),
-            "load": os.getloadavg(), "threads": args.threads, "policy": args.policy, "results": results}
+            "load": os.getloadavg(), "threads": args.threads, "policy": args.policy, "long_form": args.long_form, "results": results}
     if args.memory:
         names = args.contenders.split(",")
         rounds = [{name: memory_of(args, name) for name in names} for _ in range(args.memory_rounds)]
