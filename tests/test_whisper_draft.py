@@ -35,11 +35,13 @@ from specdec.training.whisper_draft import (
     special_tokens,
     teacher_logits,
     teacher_pass,
+    timestamp_ids,
+    with_timestamps,
 )
 from specdec.errors import InputError
 from specdec.whisper import WhisperSpeculativeDecoder
 
-from .tiny_whisper import EOT, NO_TIMESTAMPS, SOT, features, processor, tiny_whisper, tone_utterances, train_command
+from .tiny_whisper import EOT, NO_TIMESTAMPS, SOT, TIMESTAMP_BEGIN, features, processor, tiny_whisper, tone_utterances, train_command
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = ROOT / "models" / "whisper-base-draft"
@@ -238,6 +240,76 @@ class TestReferenceLabels:
         result = train_command("distill-whisper", target, audio_dir, tmp_path / "o", tmp_path, "--labels", "gold")
         assert result.exit_code == 2 and "--labels must be one of generate, reference" in result.output
         assert not (tmp_path / "o").exists()
+
+
+SENTENCES = ["hello there. a b c", "the cat sat! yes? ok", "one two", "ok then. fine", "a. b. c", "yes no"]
+
+
+class TestTimestampLabels:
+    """``timestamps``: a share of the reference labels written as long-form transcription writes a
+    window, and every timestamp token in the draft's map, so that it drafts timestamps."""
+
+    def test_labels_are_written_as_long_form_windows(self, target, audio_dir):
+        utterances = read_utterances(spoken_texts(audio_dir, SENTENCES))
+        data = teacher_pass(target, processor(), utterances, batch_size=3, labels="reference")
+        stamped = with_timestamps(target, processor(), data, utterances, 0.5)
+        changed = [i for i in range(len(utterances)) if stamped.labels[i] != data.labels[i]]
+        assert len(changed) == 3 and stamped.prompt_length == data.prompt_length
+        for i in range(len(utterances)):
+            if i not in changed:
+                assert stamped.prompt_of(i) == data.prompt_length
+                continue
+            prompt = data.labels[i][: data.prompt_length - 1]  # sot, language, task: no notimestamps
+            label = stamped.labels[i]
+            assert stamped.prompt_of(i) == len(prompt) and label[: len(prompt)] == prompt
+            assert label[len(prompt)] == timestamp_ids(target, 0.0) == TIMESTAMP_BEGIN and label[-1] == EOT
+            sentences = [part.strip() for part in SENTENCES[i].replace("!", ".").replace("?", ".").split(".") if part.strip()]
+            times = [t for t in label if t >= TIMESTAMP_BEGIN]
+            # <|0.00|>, then each sentence's end, twice but for the last: the time it opens the next segment at
+            assert len(times) == 2 * len(sentences)
+            assert times[1:-1:2] == times[2:-1:2] and times == sorted(times)
+            assert times[-1] == timestamp_ids(target, utterances[i].seconds)
+            assert NO_TIMESTAMPS not in label
+        assert with_timestamps(target, processor(), data, utterances, 0.0) is data
+        with pytest.raises(InputError, match=r"timestamps must be a share of the utterances, in \[0, 1\], got 1.5"):
+            with_timestamps(target, processor(), data, utterances, 1.5)
+
+    def test_the_map_holds_every_timestamp_and_the_draft_drafts_them_exactly(self, target, audio_dir, tmp_path):
+        listing = spoken_texts(audio_dir, SENTENCES)
+        report = distill_whisper_draft(target, processor(), listing, tmp_path / "d", layers=[1], vocab=1700,
+                                       epochs=6, batch_size=3, lr=3e-3, holdout=0.0, labels="reference",
+                                       timestamps=1.0)
+        assert np.mean(report.losses[-2:]) < 0.8 * np.mean(report.losses[:2]), report.losses
+        token_map = report.draft.token_map.tolist()
+        assert set(range(TIMESTAMP_BEGIN, target.config.vocab_size)) <= set(token_map) and len(token_map) == 1700
+        with safe_open(str(tmp_path / "d" / FILE_NAME), framework="pt") as handle:
+            assert handle.metadata()["timestamps"] == "1.0"
+        # Long-form transcription's grammar (return_timestamps) with the timestamped draft: the
+        # target's own tokens, and drafts that reach timestamps.
+        decoder = SpeculativeDecoder(target=target, drafter=SharedEncoderDrafter(model=str(tmp_path / "d")),
+                                     policy=ConstantLookahead(k=3))
+        whisper = WhisperSpeculativeDecoder(decoder)
+        drafted = []
+        original = decoder.drafter.propose
+
+        def watched(*args, **kwargs):
+            draft = original(*args, **kwargs)
+            drafted.extend(draft.tokens.flatten().tolist())
+            return draft
+
+        decoder.drafter.propose = watched
+        x = features(2, seed=5)
+        reference = target.generate(x, language="en", task="transcribe", return_timestamps=True)
+        assert torch.equal(whisper.generate(x, language="en", task="transcribe", return_timestamps=True), reference)
+        assert any(t >= TIMESTAMP_BEGIN for t in drafted)
+
+    def test_timestamps_need_reference_labels(self, target, audio_dir, tmp_path):
+        with pytest.raises(InputError, match="timestamps are written into reference labels"):
+            distill_whisper_draft(target, processor(), audio_dir, tmp_path / "d", layers=[1], vocab=1700, epochs=1,
+                                  timestamps=0.5)
+        result = train_command("distill-whisper", target, audio_dir, tmp_path / "o", tmp_path, "--timestamps", "0.5")
+        assert result.exit_code == 2 and "--timestamps must be a share in [0, 1] and needs --labels reference" in result.output
+        assert not (tmp_path / "o").exists() and not (tmp_path / "d").exists()
 
 
 class TestChooseTokenMap:

@@ -115,6 +115,9 @@ def distill_whisper(
     teacher_batch_size: int = typer.Option(0, help="Utterances per batch of the teacher pass (0: --batch-size)."),
     labels: str = typer.Option("generate", help="Train along the target's own transcripts (generate) or along "
                                "utterances.json's texts (reference: no generate, a third of the teacher pass's time)."),
+    timestamps: float = typer.Option(0.0, help="With --labels reference: the share of utterances trained with "
+                                     "timestamps, as long-form transcription writes them (every timestamp token "
+                                     "joins the head), so that the draft drafts them in long-form audio."),
     threads: int = typer.Option(0, help="torch threads (0: torch's default)."),
     seed: int = typer.Option(0, help="Seed for the split, the batches and the order."),
 ):
@@ -128,10 +131,15 @@ def distill_whisper(
             model, processor, audio_dir, out, layers=layer_ids, vocab=vocab, epochs=epochs, batch_size=batch_size,
             lr=lr, holdout=holdout, seed=seed, cache=cache, on_progress=on_progress, train_cross_kv=train_cross_kv,
             teacher_batch_size=teacher_batch_size or None, languages=_languages(languages), labels=labels,
+            timestamps=timestamps,
         )
 
     if labels not in LABEL_SOURCES:
         typer.echo(f"Error: --labels must be one of {', '.join(LABEL_SOURCES)}, got {labels!r}", err=True)
+        raise typer.Exit(2)
+    if timestamps and (labels != "reference" or not 0.0 <= timestamps <= 1.0):
+        typer.echo(f"Error: --timestamps must be a share in [0, 1] and needs --labels reference, got {timestamps} "
+                   f"with --labels {labels}", err=True)
         raise typer.Exit(2)
     report = _on_whisper(target, threads, fit, "draft steps")
     typer.echo(report.summary())

@@ -10,8 +10,11 @@
 2. **Token map**: the tokens the target says most often in its pseudo-labels, then, to fill the
    head, the lowest ids (BPE merge order, roughly frequency order in the tokenizer's corpus); always
    the tokens Whisper's prompt and processors need (eot, sot, the task and language tokens,
-   notimestamps). Timestamps are not drafted (the labels have none): where the timestamp grammar
-   forces one, the draft stops and the target decodes that token itself.
+   notimestamps). With ``timestamps`` (a share of the utterances whose labels are written the way
+   long-form transcription writes them, ``with_timestamps``) every timestamp token too, so that the
+   draft learns to close a segment, to open the next with the same time and to go on after it;
+   without, timestamps are not drafted: where the timestamp grammar forces one, the draft's guess is
+   rejected and the target decodes that token itself.
 3. **Teacher distributions**: one teacher-forced forward of the target's decoder over each label:
    at every position the target's own choice (its argmax, with the generation config's suppressed
    tokens left out, as ``generate`` does) and its ``top`` highest logits over the map (float16).
@@ -34,6 +37,7 @@ import contextlib
 import hashlib
 import json
 import math
+import re
 import time
 from pathlib import Path
 from typing import Callable, Sequence
@@ -47,6 +51,7 @@ from ..errors import InputError
 Progress = Callable[[str, int, int], None]
 
 LABEL_SOURCES = ("generate", "reference")
+TIME_PRECISION = 0.02  # seconds per timestamp token, as transformers' Whisper generate has it
 
 
 @attrs.frozen
@@ -84,6 +89,17 @@ class TeacherData:
     encoder_states: torch.Tensor  # [N, frames, D] float16
     labels: list[list[int]]  # per utterance: prompt tokens, the transcript (or reference text), eot
     prompt_length: int  # tokens of the prompt (sot, language, task, notimestamps)
+    # Per label where they differ (``with_timestamps``: a timestamped label's prompt has no notimestamps).
+    prompt_lengths: tuple[int, ...] | None = None
+
+    def prompt_of(self, row: int) -> int:
+        """Tokens of label ``row``'s prompt: the positions before ``prompt_of(row) - 1`` predict nothing generated."""
+        return self.prompt_lengths[row] if self.prompt_lengths is not None else self.prompt_length
+
+    def after_prompts(self, rows: Sequence[int], width: int) -> torch.Tensor:
+        """[len(rows), width] bool: the label positions of ``rows`` that predict a generated token."""
+        starts = torch.tensor([self.prompt_of(r) - 1 for r in rows])
+        return torch.arange(width)[None, :] >= starts[:, None]
 
 
 @attrs.frozen
@@ -102,6 +118,52 @@ def prompt_ids(target, language: str) -> list[int]:
     if lang is not None:
         tokens += [lang, config.task_to_id["transcribe"]]
     return tokens + [config.no_timestamps_token_id]
+
+
+def timestamp_ids(target, seconds: float) -> int:
+    """The timestamp token of ``seconds`` into a window (Whisper's 0.02 s steps, 0 to 30 s)."""
+    return target.generation_config.no_timestamps_token_id + 1 + round(min(max(seconds, 0.0), 30.0) / TIME_PRECISION)
+
+
+def _sentences(text: str) -> list[str]:
+    return [part for part in re.split(r"(?<=[.!?])\s+", text.strip()) if part]
+
+
+def with_timestamps(target, processor, data: TeacherData, utterances: Sequence[Utterance], share: float,
+                    seed: int = 0) -> TeacherData:
+    """``data`` with a ``share`` of its reference labels (a seeded choice) written as long-form
+    transcription writes a window: the prompt without notimestamps, then ``<|0.00|>``, each sentence
+    of the text followed by the time it ends and, but for the last, the same time again to open the
+    next segment, then eot. Where each sentence ends is guessed from its share of the text's characters
+    over the utterance's length: the draft's targets are the target's own choices after each
+    prefix (``teacher_logits``), timestamps included, so a guessed time in a prefix only makes the
+    target repeat that time where it opens the next segment, as it repeats its own."""
+    if not 0.0 <= share <= 1.0:
+        raise InputError(f"timestamps must be a share of the utterances, in [0, 1], got {share}")
+    if share == 0.0:
+        return data
+    config = target.generation_config
+    eot = config.eos_token_id
+    eot = eot[0] if isinstance(eot, list) else eot
+    limit = target.config.max_target_positions
+    chosen = torch.randperm(len(utterances), generator=torch.Generator().manual_seed(seed + 1))
+    chosen = set(chosen[: round(share * len(utterances))].tolist())
+    labels, prompts = list(data.labels), [data.prompt_of(i) for i in range(len(utterances))]
+    for i in sorted(chosen):
+        u = utterances[i]
+        if not (u.text or "").strip():
+            raise InputError(f"timestamps need the utterance's text, and utterances.json has none for {u.path.name}")
+        prompt = prompt_ids(target, u.language)[:-1]  # without notimestamps
+        sentences = _sentences(u.text)
+        total, said = sum(len(s) for s in sentences), 0
+        ids = prompt + [timestamp_ids(target, 0.0)]
+        for number, sentence in enumerate(sentences):
+            said += len(sentence)
+            end = timestamp_ids(target, u.seconds * said / total)
+            ids += reference_ids(processor, sentence) + [end] + ([end] if number < len(sentences) - 1 else [])
+        labels[i] = ids[: limit - 1] + [eot]
+        prompts[i] = len(prompt)
+    return TeacherData(data.encoder_states, labels, max(prompts), tuple(prompts))
 
 
 def _check_labels(utterances: Sequence[Utterance], labels: str) -> None:
@@ -285,7 +347,8 @@ def teacher_logits(target, data: TeacherData, token_map: torch.Tensor, batch_siz
         logits = target(encoder_outputs=(encoded,), decoder_input_ids=inputs.to(target.device)).logits  # [b, T, V]
         scores = logits.to(torch.float32, copy=True)
         scores[..., suppressed.to(scores.device)] = -math.inf
-        scores[:, data.prompt_length - 1, begin.to(scores.device)] = -math.inf
+        for row in range(len(labels)):
+            scores[row, data.prompt_of(start + row) - 1, begin.to(scores.device)] = -math.inf
         choice = scores.argmax(-1).cpu()  # [b, T]
         best = scores[..., ids].topk(top, dim=-1)  # [b, T, K] over the map
         for row, label in enumerate(labels):
@@ -352,6 +415,7 @@ def distill_whisper_draft(
     cache: str | Path | None = None,
     teacher_batch_size: int | None = None,
     labels: str = "generate",
+    timestamps: float = 0.0,
     on_progress: Progress | None = None,
 ) -> DistillReport:
     """Train a reduced-head shared-encoder draft for the Whisper ``target`` on the audio listed in
@@ -366,12 +430,17 @@ def distill_whisper_draft(
     the labels are the same greedy transcripts (every row is a full 30-second window: no padding).
     ``labels``: what the draft is trained along, ``"generate"`` (the target's greedy transcripts) or
     ``"reference"`` (utterances.json's texts, no ``generate``: a third of the teacher pass's time);
-    either way it learns the target's choice and distribution after each prefix.
+    either way it learns the target's choice and distribution after each prefix. ``timestamps``: the
+    share of the utterances whose reference labels are timestamped as long-form transcription writes
+    them (``with_timestamps``; ``labels="reference"`` only): the map then holds every timestamp token,
+    so that the draft drafts them where ``generate(return_timestamps=True)`` runs (long-form audio).
     ``on_progress(phase, done, total)`` follows the teacher pass and the training steps.
     """
     decoder_layers = target.config.decoder_layers
     if not layers or any(not 0 <= i < decoder_layers for i in layers):
         raise InputError(f"layers must be indices of the target's {decoder_layers} decoder layers, got {list(layers)}")
+    if timestamps and labels != "reference":
+        raise InputError("timestamps are written into reference labels: use labels='reference' with them")
     if epochs < 1 or batch_size < 1 or (teacher_batch_size or 1) < 1 or not 0.0 <= holdout < 1.0 or lr <= 0:
         raise InputError("epochs, batch_size and teacher_batch_size must be >= 1, holdout in [0, 1), lr > 0")
     started = time.perf_counter()
@@ -380,12 +449,15 @@ def distill_whisper_draft(
     utterances = read_utterances(audio_dir, languages)
     data = cached_teacher_pass(target, processor, utterances, cache, teacher_batch_size or batch_size, on_progress,
                                labels)
+    data = with_timestamps(target, processor, data, utterances, timestamps, seed)
     order = torch.randperm(len(utterances), generator=torch.Generator().manual_seed(seed)).tolist()
     held = max(1, round(len(order) * holdout)) if holdout else 0
     test, train = order[:held], order[held:]
-    skip = data.prompt_length
+    always = special_tokens(target)
+    if timestamps:  # every time a window can say, the tokens after notimestamps
+        always += list(range(target.generation_config.no_timestamps_token_id + 1, target.config.vocab_size))
     token_map, coverage = choose_token_map([data.labels[i] for i in train], target.config.vocab_size, vocab,
-                                           special_tokens(target), skip=skip)
+                                           always, skip=data.prompt_length)
     teacher = teacher_logits(target, data, token_map, batch_size, on_progress)
     reduced = torch.full((target.config.vocab_size,), -100, dtype=torch.long)  # full id -> reduced id
     reduced[token_map] = torch.arange(token_map.numel())
@@ -399,7 +471,7 @@ def distill_whisper_draft(
     frozen = (".embed_",) if train_cross_kv else (".embed_", "encoder_attn.k_proj", "encoder_attn.v_proj")
     with _training(draft, frozen) as parameters:
         return _fit(target, draft, data, teacher, train, test, reduced, coverage, parameters, out, layers,
-                    epochs, batch_size, lr, ce_weight, kl_weight, skip, seed, started, on_progress, labels)
+                    epochs, batch_size, lr, ce_weight, kl_weight, seed, started, on_progress, labels, timestamps)
 
 
 @contextlib.contextmanager
@@ -418,12 +490,12 @@ def _training(draft, frozen: tuple[str, ...]):
 
 
 def _fit(target, draft, data, teacher, train, test, reduced, coverage, parameters, out, layers,
-         epochs, batch_size, lr, ce_weight, kl_weight, skip, seed, started, on_progress, labels) -> DistillReport:
+         epochs, batch_size, lr, ce_weight, kl_weight, seed, started, on_progress, labels, timestamps) -> DistillReport:
     """The training loop of ``distill_whisper_draft``, then the held-out measure and the file."""
     before = heldout_top1(draft, data, test, target.config.vocab_size, teacher=teacher) if test else float("nan")
     draft.train()
     losses = fit_batches(parameters, train, epochs, batch_size, torch.optim.AdamW(parameters, lr=lr, weight_decay=0.0),
-                         _cosine_to_zero, lambda rows: _loss(draft, data, teacher, rows, reduced, skip, ce_weight, kl_weight),
+                         _cosine_to_zero, lambda rows: _loss(draft, data, teacher, rows, reduced, ce_weight, kl_weight),
                          seed, on_progress)
     draft.eval()
     for p in parameters:
@@ -434,9 +506,10 @@ def _fit(target, draft, data, teacher, train, test, reduced, coverage, parameter
         path = save_shared_encoder_draft(draft, out, metadata={
             "init_layers": json.dumps(list(layers)), "heldout_top1": f"{after:.4f}", "map_coverage": f"{coverage:.4f}",
             "training_utterances": str(len(train)), "epochs": str(epochs), "labels": labels,
+            "timestamps": str(timestamps),
             "target": str(getattr(target.config, "_name_or_path", "") or ""),
         })
-    tokens = sum(len(data.labels[i]) - skip for i in train)
+    tokens = sum(len(data.labels[i]) - data.prompt_of(i) for i in train)
     return DistillReport(draft=draft, utterances=len(train), tokens=tokens, steps=len(losses), losses=losses,
                          heldout_top1_before=before, heldout_top1=after, map_coverage=coverage,
                          seconds=time.perf_counter() - started, path=path)
@@ -483,9 +556,9 @@ def _draft_logits(draft, data: TeacherData, rows: Sequence[int]) -> tuple[torch.
     return draft.proj_out(hidden), mask.to(draft.device)
 
 
-def _loss(draft, data, teacher, rows, reduced, skip, ce_weight, kl_weight) -> torch.Tensor:
+def _loss(draft, data, teacher, rows, reduced, ce_weight, kl_weight) -> torch.Tensor:
     logits, mask = _draft_logits(draft, data, rows)  # [b, T, V'], [b, T]
-    mask[:, : skip - 1] = False  # the prompt is given, not predicted
+    mask &= data.after_prompts(rows, mask.shape[1]).to(mask.device)  # the prompt is given, not predicted
     choice = torch.nn.utils.rnn.pad_sequence([teacher[i].choice for i in rows], batch_first=True)  # [b, T]
     wanted = reduced[choice].to(logits.device)  # -100 outside the map: no cross-entropy there
     log_q = torch.log_softmax(logits.float(), dim=-1)
@@ -507,7 +580,7 @@ def heldout_top1(draft, data: TeacherData, rows: Sequence[int], vocab: int, batc
     for start in range(0, len(rows), batch_size):
         batch = list(rows[start : start + batch_size])
         logits, mask = _draft_logits(draft, data, batch)
-        mask[:, : data.prompt_length - 1] = False
+        mask &= data.after_prompts(batch, mask.shape[1]).to(mask.device)
         guess = draft.token_map[logits.argmax(-1)]
         if teacher is None:
             wanted, _ = _padded([data.labels[i][1:] for i in batch])
