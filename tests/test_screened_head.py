@@ -293,7 +293,7 @@ def test_under_the_timestamp_grammar_the_argmax_after_it_is_float32s(seed, lean)
     largest = float(torch.linalg.vector_norm(weight, dim=1).max())
     logits, _ = screened_head.screened_logits(flat, weight, largest, exact_from=EOT)
     full = F.linear(flat, weight)
-    assert torch.equal(logits[:, EOT:], full[:, EOT:]) or torch.allclose(logits[:, EOT:], full[:, EOT:], rtol=0, atol=1e-6)
+    torch.testing.assert_close(logits[:, EOT:], full[:, EOT:], rtol=1e-5, atol=1e-5)  # float32 throughout
     exact = flat.double() @ weight.double().T
     for row, history in enumerate(histories):
         ids = torch.tensor([history])

@@ -310,6 +310,10 @@ class TestTimestampLabels:
         result = train_command("distill-whisper", target, audio_dir, tmp_path / "o", tmp_path, "--timestamps", "0.5")
         assert result.exit_code == 2 and "--timestamps must be a share in [0, 1] and needs --labels reference" in result.output
         assert not (tmp_path / "o").exists() and not (tmp_path / "d").exists()
+        with pytest.raises(InputError, match=r"timestamps must be a share of the utterances, in \[0, 1\], got 2"):
+            distill_whisper_draft(target, processor(), spoken_texts(audio_dir, SENTENCES), tmp_path / "d", layers=[1],
+                                  vocab=1700, epochs=1, labels="reference", timestamps=2, cache=tmp_path / "t.pt")
+        assert not (tmp_path / "d").exists() and not (tmp_path / "t.pt").exists()  # refused before the teacher pass
 
 
 class TestChooseTokenMap:

@@ -441,6 +441,8 @@ def distill_whisper_draft(
         raise InputError(f"layers must be indices of the target's {decoder_layers} decoder layers, got {list(layers)}")
     if timestamps and labels != "reference":
         raise InputError("timestamps are written into reference labels: use labels='reference' with them")
+    if not 0.0 <= timestamps <= 1.0:  # before the teacher pass, which can take an hour
+        raise InputError(f"timestamps must be a share of the utterances, in [0, 1], got {timestamps}")
     if epochs < 1 or batch_size < 1 or (teacher_batch_size or 1) < 1 or not 0.0 <= holdout < 1.0 or lr <= 0:
         raise InputError("epochs, batch_size and teacher_batch_size must be >= 1, holdout in [0, 1), lr > 0")
     started = time.perf_counter()
