@@ -219,9 +219,54 @@ class TestSharedEncoderReduced:
             first = runs[0][0].draft.tokens
             assert (first[:, 0] != EOT).all() and (first[:, 1:] == EOT).all()
 
+    @pytest.mark.parametrize("batch", [1, 3])
+    @pytest.mark.parametrize("timestamp_bias", [0.0, 4.0], ids=["plain", "timestamps-favoured"])
+    def test_with_every_timestamp_in_the_map_the_grammar_runs_in_it(self, target, batch, timestamp_bias, monkeypatch):
+        """Long-form transcription's timestamp grammar, with a map that holds every timestamp (a draft
+        trained with ``--timestamps``): the draft applies the grammar over its own scores, and every
+        draft (tokens, q of each token) is the one scored over the whole vocabulary; the output is
+        generate's. A head that favours timestamps takes the grammar through its pairs."""
+        from specdec.core import drafting
+        from specdec.core.state import DecodeState
+
+        from .tiny_whisper import TIMESTAMP_BEGIN, VOCAB
+
+        token_map = torch.tensor(sorted({*WHISPER_MAP.tolist(), *range(TIMESTAMP_BEGIN, VOCAB)}))
+        draft = build_draft(target, token_map, init_layers=[0])
+        head = torch.nn.Linear(draft.proj_out.in_features, draft.proj_out.out_features, dtype=draft.dtype)
+        with torch.no_grad():
+            head.weight.copy_(draft.proj_out.weight)
+            head.bias.zero_()
+            head.bias[token_map >= TIMESTAMP_BEGIN] = timestamp_bias
+        draft.proj_out = head
+        x = features(batch, seed=80 + batch)
+        options = dict(max_new_tokens=16, language="en", return_timestamps=True)
+        reference = target.generate(x, **options)
+        in_map = []
+        original = drafting.TokenByToken._add_in_map
+        monkeypatch.setattr(drafting.TokenByToken, "_add_in_map", lambda self, scores: in_map.append(1) or original(self, scores))
+        runs = []
+        for whole_vocabulary in (False, True):
+            if whole_vocabulary:
+                monkeypatch.setattr(DecodeState, "suppression_in", lambda self, token_map: None)
+            recorder, count = Recorder(), len(in_map)
+            decoder = SpeculativeDecoder(target=target, drafter=SharedEncoderDrafter(model=draft),
+                                         policy=ConstantLookahead(k=3), observers=[recorder])
+            assert torch.equal(WhisperSpeculativeDecoder(decoder).generate(x, **options), reference)
+            assert (len(in_map) > count) is not whole_vocabulary
+            runs.append(recorder.steps)
+        assert len(runs[0]) == len(runs[1])
+        drafted = []
+        for mine, theirs in zip(*runs):
+            assert torch.equal(mine.draft.tokens, theirs.draft.tokens)
+            if mine.draft.width:
+                assert torch.allclose(mine.draft.token_probs, theirs.draft.token_probs, rtol=1e-5, atol=1e-7)
+                drafted += mine.draft.tokens.flatten().tolist()
+        assert any(t >= TIMESTAMP_BEGIN for t in drafted)
+
     def test_timestamps_score_the_whole_vocabulary(self, target, monkeypatch):
-        """Whisper's timestamp processor reads the tokens so far: the draft goes through the processors
-        over the whole vocabulary."""
+        """Whisper's timestamp processor reads the tokens so far: with a map that lacks timestamps the
+        draft goes through the processors over the whole vocabulary."""
         from specdec.core import drafting
 
         in_map = []

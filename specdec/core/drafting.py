@@ -67,14 +67,18 @@ class TokenByToken:
         # tensor op, 10% of a small draft model's step (docs/benchmarks.md, stops 15 and 31).
         listening = keep_drafting is not None and getattr(keep_drafting, "listening", True)
         # A greedy draft over a reduced vocabulary (``token_map``, core/reduced_vocab.py) whose
-        # processors only suppress tokens picks its token among its own V' scores: ``add`` takes them
-        # as the head gave them, never the whole vocabulary's (``reads_reduced``). On whisper-base a
-        # draft position cost 0.30 ms over the 51,865 tokens (docs/benchmarks.md, stop 60).
+        # processors only suppress tokens, and then apply Whisper's timestamp grammar where the map
+        # holds every timestamp, picks its token among its own V' scores: ``add`` takes them as the
+        # head gave them, never the whole vocabulary's (``reads_reduced``). On whisper-base a draft
+        # position cost 0.30 ms over the 51,865 tokens (docs/benchmarks.md, stop 60), 0.62 ms with
+        # the timestamp grammar (stop 64).
         self._in_map = None
         if token_map is not None and not listening and not state.do_sample:
             self._in_map = state.suppression_in(token_map)
             if self._in_map is not None:
                 self._lengths_host = state.lengths_host[state.rows_host]  # committed, for the at-begin ones
+                # Whisper's timestamp grammar reads each row's tokens so far: its committed ones, by length
+                self._groups = state._length_groups() if self._in_map[3] is not None else ()
         self._lean = not (listening or reduced and state.processors) or self._in_map is not None
         if self._lean:
             self._tokens: list[torch.Tensor] = []  # [B] per position
@@ -101,12 +105,17 @@ class TokenByToken:
 
     def _add_in_map(self, scores: torch.Tensor) -> torch.Tensor:  # [B, V'] fp32 -> token [B] (full ids)
         j = self.drafted
-        ids, always, at_begin = self._in_map
+        ids, always, at_begin, grammar = self._in_map
         scores = scores.masked_fill(always, float("-inf"))
         for processor, mask in at_begin:  # a row's position is at the begin index once, at most
             rows = self._lengths_host + j == processor.begin_index
             if bool(rows.any()):
                 scores = torch.where(rows.to(scores.device)[:, None] & mask, float("-inf"), scores)
+        if grammar is not None:  # over the map's tokens, fed the tokens so far as map places
+            processor, place = grammar
+            so_far = self.so_far
+            for prefix, group, _ in self._groups:
+                scores[group] = processor(place[torch.cat([prefix, so_far[group]], dim=1)], scores[group])
         if j == 0 and self.alternatives_wanted:
             top = scores.topk(min(self.alternatives_wanted + 1, scores.shape[-1]), dim=-1)
             possible = (top.values[:, 1:] > float("-inf")) & (self.limit > 0)[:, None]

@@ -26,6 +26,7 @@ from transformers.generation.logits_process import (
     TopKLogitsWarper,
     TopPLogitsWarper,
     TypicalLogitsWarper,
+    WhisperTimeStampLogitsProcessor,
 )
 
 
@@ -284,25 +285,32 @@ class DecodeState:
         processor only suppresses tokens (Whisper's ``suppress_tokens`` and ``begin_suppress_tokens``),
         what they do to those tokens, so that the draft can pick its token among them without scoring
         the whole vocabulary: ``(ids [V'] on the device, always [V'] bool, [(at-begin processor,
-        [V'] bool), ...])``. None where another processor reads or changes the scores, or where they
-        would leave none of the map's tokens (the draft then goes through ``process`` over the whole
-        vocabulary). Built once per request and map."""
+        [V'] bool), ...], grammar)``. ``grammar`` is None, or where Whisper's timestamp grammar follows
+        the suppressions and the map holds eot, notimestamps and every timestamp, ``(the grammar
+        over the map's tokens, [V] full id -> map index)`` (``_grammar_in_map``). None where another
+        processor reads or changes the scores, or where they would leave none of the map's tokens (the
+        draft then goes through ``process`` over the whole vocabulary). Built once per request and map."""
         if self._in_map is not None and self._in_map[0] is token_map:
             return self._in_map[1]
         answer = None
-        if {type(processor) for processor in self.processors} <= {SuppressTokensLogitsProcessor,
-                                                                   SuppressTokensAtBeginLogitsProcessor}:
+        suppressions = {SuppressTokensLogitsProcessor, SuppressTokensAtBeginLogitsProcessor}
+        processors = list(self.processors)
+        grammar = None
+        if processors and type(processors[-1]) is WhisperTimeStampLogitsProcessor:
+            grammar = _grammar_in_map(processors.pop(), token_map, self.device)
+        if {type(processor) for processor in processors} <= suppressions and (grammar is not None
+                                                                              or len(processors) == len(self.processors)):
             ids = token_map.ids.to(self.device)
             always = torch.zeros(ids.shape[0], dtype=torch.bool, device=self.device)
             at_begin = []
-            for processor in self.processors:
+            for processor in processors:
                 prepared = _prepared_processor(processor, token_map.vocab, self.device)
                 if prepared.at_begin:
                     at_begin.append((processor, prepared.mask[ids]))
                 else:
                     always |= prepared.mask[ids]
             if not bool(functools.reduce(torch.logical_or, [mask for _, mask in at_begin], always).all()):
-                answer = (ids, always, at_begin)
+                answer = (ids, always, at_begin, grammar)
         self._in_map = (token_map, answer)
         return answer
 
@@ -335,6 +343,29 @@ _ROW_WISE = (
     InfNanRemoveLogitsProcessor,
     LogitNormalization,
 )
+
+
+def _grammar_in_map(grammar, token_map, device):
+    """Whisper's timestamp grammar over a reduced head's scores: ``(a shallow copy of it whose eot,
+    notimestamps and first timestamp are their places in the map, [V] long: each full id's place in
+    the map, 0 for a token outside it)``, or None where the map lacks any of them. The grammar reads
+    token ids only against those three and the timestamps' order, and masks whole ranges: with every
+    timestamp at the map's end (its ids are sorted), it does over the map, fed the tokens so far as
+    map places, what it does over the whole vocabulary to the map's tokens; the tokens outside have
+    -inf there, which neither its maxima nor its log-softmax read."""
+    ids = token_map.ids
+    first, eot, vocab = grammar.timestamp_begin, grammar.eos_token_id, token_map.vocab
+    if (not isinstance(eot, int) or not bool((ids[1:] > ids[:-1]).all())
+            or int((ids >= first).sum()) != vocab - first
+            or not bool(torch.isin(torch.tensor([eot, grammar.no_timestamps_token_id]), ids).all())
+            or int(ids[0]) >= eot):
+        return None
+    place = torch.zeros(vocab, dtype=torch.long)
+    place[ids] = torch.arange(ids.shape[0])
+    view = copy.copy(grammar)
+    view.eos_token_id, view.no_timestamps_token_id = int(place[eot]), int(place[grammar.no_timestamps_token_id])
+    view.timestamp_begin = int(place[first])
+    return view, place.to(device)
 
 
 def _for_rows(processor, original: torch.Tensor):
