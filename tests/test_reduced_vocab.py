@@ -176,71 +176,27 @@ class TestSharedEncoderReduced:
         assert drafted.numel() > 0 and torch.isin(drafted, WHISPER_MAP).all()
         assert whisper.stats.decode.accepted > 0
 
-    @pytest.mark.parametrize("batch", [1, 3])
-    @pytest.mark.parametrize("eot_bias", [0.0, 50.0], ids=["plain", "eot-favoured"])
-    def test_in_the_map_it_drafts_what_the_whole_vocabulary_would(self, target, batch, eot_bias, monkeypatch):
-        """Greedy, with Whisper's processors that only suppress tokens: the draft picks its token among
-        its own scores (``TokenByToken.reads_reduced``), and every draft (tokens, q of each token) is
-        the one scored over the whole vocabulary. With the draft's head favouring <|endoftext|>, which
-        ``begin_suppress_tokens`` forbids at the first generated position only, the first draft
-        position of the request takes the runner-up and later ones take <|endoftext|>."""
-        from specdec.core import drafting
-        from specdec.core.state import DecodeState
-
-        draft = build_draft(target, WHISPER_MAP, init_layers=[0])
-        head = torch.nn.Linear(draft.proj_out.in_features, draft.proj_out.out_features, dtype=draft.dtype)
-        with torch.no_grad():
-            head.weight.copy_(draft.proj_out.weight)
-            head.bias.zero_()
-            head.bias[(WHISPER_MAP == EOT).nonzero().item()] = eot_bias
-        draft.proj_out = head
-        x = features(batch, seed=60 + batch)
-        reference = target.generate(x, max_new_tokens=16, language="en")
-        in_map = []
-        original = drafting.TokenByToken._add_in_map
-        monkeypatch.setattr(drafting.TokenByToken, "_add_in_map", lambda self, scores: in_map.append(1) or original(self, scores))
-        runs = []
-        for whole_vocabulary in (False, True):
-            if whole_vocabulary:
-                monkeypatch.setattr(DecodeState, "suppression_in", lambda self, token_map: None)
-            recorder, count = Recorder(), len(in_map)
-            decoder = SpeculativeDecoder(target=target, drafter=SharedEncoderDrafter(model=draft),
-                                         policy=ConstantLookahead(k=3), observers=[recorder])
-            out = WhisperSpeculativeDecoder(decoder).generate(x, max_new_tokens=16, language="en")
-            assert torch.equal(reference, out)
-            assert (len(in_map) > count) is not whole_vocabulary
-            runs.append(recorder.steps)
-        assert len(runs[0]) == len(runs[1])
-        for mine, theirs in zip(*runs):
-            assert torch.equal(mine.draft.tokens, theirs.draft.tokens)
-            if mine.draft.width:  # a plain step (the budget's last token) drafts nothing
-                assert torch.allclose(mine.draft.token_probs, theirs.draft.token_probs, rtol=1e-5, atol=1e-7)
-        if eot_bias:
-            first = runs[0][0].draft.tokens
-            assert (first[:, 0] != EOT).all() and (first[:, 1:] == EOT).all()
-
-    @pytest.mark.parametrize("batch", [1, 3])
-    @pytest.mark.parametrize("timestamp_bias", [0.0, 4.0], ids=["plain", "timestamps-favoured"])
-    def test_with_every_timestamp_in_the_map_the_grammar_runs_in_it(self, target, batch, timestamp_bias, monkeypatch):
-        """Long-form transcription's timestamp grammar, with a map that holds every timestamp (a draft
-        trained with ``--timestamps``): the draft applies the grammar over its own scores, and every
-        draft (tokens, q of each token) is the one scored over the whole vocabulary; the output is
-        generate's. A head that favours timestamps takes the grammar through its pairs."""
-        from specdec.core import drafting
-        from specdec.core.state import DecodeState
-
-        from .tiny_whisper import TIMESTAMP_BEGIN, VOCAB
-
-        token_map = torch.tensor(sorted({*WHISPER_MAP.tolist(), *range(TIMESTAMP_BEGIN, VOCAB)}))
+    @staticmethod
+    def biased_draft(target, token_map: torch.Tensor, rows: torch.Tensor, bias: float):
+        """A draft over ``token_map`` whose head adds ``bias`` to the map's ``rows`` (a bool mask)."""
         draft = build_draft(target, token_map, init_layers=[0])
         head = torch.nn.Linear(draft.proj_out.in_features, draft.proj_out.out_features, dtype=draft.dtype)
         with torch.no_grad():
             head.weight.copy_(draft.proj_out.weight)
             head.bias.zero_()
-            head.bias[token_map >= TIMESTAMP_BEGIN] = timestamp_bias
+            head.bias[rows] = bias
         draft.proj_out = head
-        x = features(batch, seed=80 + batch)
-        options = dict(max_new_tokens=16, language="en", return_timestamps=True)
+        return draft
+
+    @staticmethod
+    def drafts_in_the_map_and_over_the_vocabulary(target, draft, x, options, monkeypatch) -> list:
+        """Transcribes ``x`` twice, the draft picking its tokens among its own scores and then over the
+        whole vocabulary (``suppression_in`` answering None): both are ``generate``'s output, only the
+        first reads the map's scores, and every draft (tokens, q of each token) is the same. Returns
+        the first run's steps."""
+        from specdec.core import drafting
+        from specdec.core.state import DecodeState
+
         reference = target.generate(x, **options)
         in_map = []
         original = drafting.TokenByToken._add_in_map
@@ -256,13 +212,42 @@ class TestSharedEncoderReduced:
             assert (len(in_map) > count) is not whole_vocabulary
             runs.append(recorder.steps)
         assert len(runs[0]) == len(runs[1])
-        drafted = []
         for mine, theirs in zip(*runs):
             assert torch.equal(mine.draft.tokens, theirs.draft.tokens)
-            if mine.draft.width:
+            if mine.draft.width:  # a plain step (the budget's last token) drafts nothing
                 assert torch.allclose(mine.draft.token_probs, theirs.draft.token_probs, rtol=1e-5, atol=1e-7)
-                drafted += mine.draft.tokens.flatten().tolist()
-        assert any(t >= TIMESTAMP_BEGIN for t in drafted)
+        return runs[0]
+
+    @pytest.mark.parametrize("batch", [1, 3])
+    @pytest.mark.parametrize("eot_bias", [0.0, 50.0], ids=["plain", "eot-favoured"])
+    def test_in_the_map_it_drafts_what_the_whole_vocabulary_would(self, target, batch, eot_bias, monkeypatch):
+        """Greedy, with Whisper's processors that only suppress tokens: the draft picks its token among
+        its own scores (``TokenByToken.reads_reduced``), and every draft (tokens, q of each token) is
+        the one scored over the whole vocabulary. With the draft's head favouring <|endoftext|>, which
+        ``begin_suppress_tokens`` forbids at the first generated position only, the first draft
+        position of the request takes the runner-up and later ones take <|endoftext|>."""
+        draft = self.biased_draft(target, WHISPER_MAP, WHISPER_MAP == EOT, eot_bias)
+        steps = self.drafts_in_the_map_and_over_the_vocabulary(target, draft, features(batch, seed=60 + batch),
+                                                               dict(max_new_tokens=16, language="en"), monkeypatch)
+        if eot_bias:
+            first = steps[0].draft.tokens
+            assert (first[:, 0] != EOT).all() and (first[:, 1:] == EOT).all()
+
+    @pytest.mark.parametrize("batch", [1, 3])
+    @pytest.mark.parametrize("timestamp_bias", [0.0, 4.0], ids=["plain", "timestamps-favoured"])
+    def test_with_every_timestamp_in_the_map_the_grammar_runs_in_it(self, target, batch, timestamp_bias, monkeypatch):
+        """Long-form transcription's timestamp grammar, with a map that holds every timestamp (a draft
+        trained with ``--timestamps``): the draft applies the grammar over its own scores, and every
+        draft (tokens, q of each token) is the one scored over the whole vocabulary; the output is
+        generate's. A head that favours timestamps takes the grammar through its pairs."""
+        from .tiny_whisper import TIMESTAMP_BEGIN, VOCAB
+
+        token_map = torch.tensor(sorted({*WHISPER_MAP.tolist(), *range(TIMESTAMP_BEGIN, VOCAB)}))
+        draft = self.biased_draft(target, token_map, token_map >= TIMESTAMP_BEGIN, timestamp_bias)
+        steps = self.drafts_in_the_map_and_over_the_vocabulary(
+            target, draft, features(batch, seed=80 + batch),
+            dict(max_new_tokens=16, language="en", return_timestamps=True), monkeypatch)
+        assert any(t >= TIMESTAMP_BEGIN for step in steps if step.draft.width for t in step.draft.tokens.flatten().tolist())
 
     def test_timestamps_score_the_whole_vocabulary(self, target, monkeypatch):
         """Whisper's timestamp processor reads the tokens so far: with a map that lacks timestamps the

@@ -294,12 +294,11 @@ class DecodeState:
             return self._in_map[1]
         answer = None
         suppressions = {SuppressTokensLogitsProcessor, SuppressTokensAtBeginLogitsProcessor}
-        processors = list(self.processors)
-        grammar = None
-        if processors and type(processors[-1]) is WhisperTimeStampLogitsProcessor:
+        processors, grammar, held = list(self.processors), None, True
+        if processors and type(processors[-1]) is WhisperTimeStampLogitsProcessor:  # last, after the suppressions
             grammar = _grammar_in_map(processors.pop(), token_map, self.device)
-        if {type(processor) for processor in processors} <= suppressions and (grammar is not None
-                                                                              or len(processors) == len(self.processors)):
+            held = grammar is not None  # else the map lacks a token the grammar may force
+        if held and {type(processor) for processor in processors} <= suppressions:
             ids = token_map.ids.to(self.device)
             always = torch.zeros(ids.shape[0], dtype=torch.bool, device=self.device)
             at_begin = []
