@@ -133,8 +133,9 @@ class _CachedForward:
     block on a CPU, with its 2D mask and its grouped-query attention (``core/gqa_attention.py``)."""
 
     def __init__(self, model, batch_size: int, context: int, width: int, packed: bool = False, one_row: bool = False,
-                 verify: bool = False, precision: str = "highest", screened: bool = False):
+                 verify: bool = False, precision: str = "highest", screened: bool = False, copies: bool = True):
         self.model, self.width, self.packed, self.one_row = model, width, packed, one_row
+        self.copies = copies  # packed copies of the weights, else the copy-free routes (packed_weights = false)
         self.precision = precision  # a drafter's matmul_precision (its steps' bfloat16 weights)
         self.screened = screened  # a greedy verify's LM head, screened in bfloat16 (core/screened_head.py)
         ids = torch.randint(3, model.config.vocab_size, (batch_size, context + width), device=model.device)
@@ -150,7 +151,8 @@ class _CachedForward:
     @torch.no_grad()
     def time(self, runs: int = 1) -> float:
         """Mean seconds per forward over ``runs`` forwards in a row, each one more cached (a draft's steps)."""
-        with (packed_steps(self.model, self.block.numel(), self.one_row, self.precision) if self.packed else nullcontext(),
+        with (packed_steps(self.model, self.block.numel(), self.one_row, self.precision, self.copies) if self.packed
+              else nullcontext(),
               gqa_attention.gqa_steps(self.model) if self.grouped else nullcontext(),
               screened_head.screened_head(self.model) if self.screened else nullcontext()):
             start = time.perf_counter()
@@ -165,15 +167,17 @@ class _CachedForward:
 def _screens(decoder, target) -> bool:
     """Whether ``decoder``'s greedy verifies screen ``target``'s LM head on this machine (without
     logits processors, as the bench's greedy runs decode)."""
-    return (decoder.screened_head and decoder.packed_weights and decoder.verifier.argmax_only and applies_to(target)
+    return (decoder.screened_head and decoder.verifier.argmax_only and applies_to(target)
             and screened_head.applies_to(target) and bool(screened_head.prepare(target)))
 
 
 def step_costs(target, draft, batch_size: int, k: float, context: int = 128, repeats: int = 20, packed: bool = False,
-               draft_packed: bool = False, draft_precision: str = "highest", screened: bool = False) -> tuple[float, float]:
+               draft_packed: bool = False, draft_precision: str = "highest", screened: bool = False,
+               copies: bool = True) -> tuple[float, float]:
     """(c, v) for the ideal and the ceiling at a mean lookahead ``k``: c a draft step (at the drafter's
     ``matmul_precision``) over ``generate``'s one-token target step (0 without a ``draft``), v a (k + 1)-token target forward over that step
-    (``verify_cost``), read as specdec's verify reads it (packed weights with ``packed``, its mask and
+    (``verify_cost``), read as specdec's verify reads it (with ``packed``, on packed weights, or on the
+    copy-free routes without ``copies``; its mask and
     grouped attention, its LM head screened with ``screened``: without them the ceiling's verify ran slower than the loop's and the loop
     reached 101-108% of its ceiling).
 
@@ -186,7 +190,8 @@ def step_costs(target, draft, batch_size: int, k: float, context: int = 128, rep
     low = int(k)
     widths = sorted({low + 1} | ({low + 2} if k > low else set()))
     step = _CachedForward(target, batch_size, context, 1)
-    blocks = {width: _CachedForward(target, batch_size, context, width, packed=packed, verify=True, screened=screened)
+    blocks = {width: _CachedForward(target, batch_size, context, width, packed=packed, verify=True, screened=screened,
+                                    copies=copies)
               for width in widths if width > 1}
     drafting = (_CachedForward(draft, batch_size, context, 1, draft_packed, draft_packed, precision=draft_precision)
                 if draft is not None else None)
@@ -435,7 +440,7 @@ def run_bench(
             tau = new / row_steps if row_steps else 0.0
             k_mean = drafted / row_steps if row_steps else 0.0
             draft = decoder.drafter.model if drafter == "model" else None
-            c, v = (step_costs(target, draft, batch_size, k_mean, packed=decoder.packed_weights and applies_to(target),
+            c, v = (step_costs(target, draft, batch_size, k_mean, packed=applies_to(target), copies=decoder.packed_weights,
                                draft_packed=draft is not None and decoder.packed_weights and applies_to(draft),
                                draft_precision=getattr(decoder.drafter, "matmul_precision", "highest"),
                                screened=_screens(decoder, target))

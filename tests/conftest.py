@@ -21,6 +21,7 @@ torch.set_num_threads(1)
 
 REAL_TIME_SHAPE = packed_linear.time_shape
 REAL_TIME_SHAPE_BFLOAT16 = packed_linear.time_shape_bfloat16
+REAL_TIME_SHAPE_COPY_FREE = packed_linear.time_shape_copy_free
 REAL_RECORDED, REAL_RECORD = packed_linear._recorded, packed_linear._record
 
 
@@ -44,12 +45,13 @@ def finished_requests(monkeypatch) -> dict:
 
 
 def pin_packing(monkeypatch, start: int | None = 4, smallest: int = 3 << 18, one_row: bool = False,
-                bfloat16: bool = False) -> None:
+                bfloat16: bool = False, copy_free: str | None = None) -> None:
     """Make packed_linear's timing say that packed weights are faster from ``start`` rows (None:
     never), and at one row (a drafter's step) with ``one_row``, for weights of ``smallest`` elements
     or more, and never for smaller ones; and that bfloat16 weights are slower (a drafter's default
     ``matmul_precision = "auto"`` keeps float32), or with ``bfloat16`` faster still at every width for
-    those weights."""
+    those weights. The copy-free routes (``packed_weights = false``) are slower than torch's path, or
+    with ``copy_free`` (a route's name) that route is faster where packed is."""
 
     def timed(weight):  # torch's path cheap below start, so that padding to start rows does not pay either
         wins = start is not None and weight.numel() >= smallest
@@ -60,12 +62,18 @@ def pin_packing(monkeypatch, start: int | None = 4, smallest: int = 3 << 18, one
         wins = bfloat16 and start is not None and weight.numel() >= smallest
         return {rows: (0.2,) if wins else (2.0,) for rows in packed_linear.TRIAL_ROWS}
 
+    def timed_copy_free(weight):  # (transposed, oneDNN)
+        fast = tuple(0.25 if route == copy_free else 2.0 for route in packed_linear.COPY_FREE_ROUTES)
+        return {rows: fast if timed(weight)[rows] == (1.0, 0.5) else (2.0, 2.0) for rows in packed_linear.TRIAL_ROWS}
+
     monkeypatch.setattr(packed_linear, "_MEASURED", {})
     monkeypatch.setattr(packed_linear, "_MEASURED_BF16", {})
-    for cache in ("_LINEARS", "_CANDIDATES", "_BF16_PLANS", "_INT8_PLANS"):  # models cached across tests
+    monkeypatch.setattr(packed_linear, "_MEASURED_COPY_FREE", {})
+    for cache in ("_LINEARS", "_CANDIDATES", "_BF16_PLANS", "_INT8_PLANS", "_COPY_FREE_PLANS"):  # models cached across tests
         monkeypatch.setattr(packed_linear, cache, weakref.WeakKeyDictionary())
     monkeypatch.setattr(packed_linear, "time_shape", timed)
     monkeypatch.setattr(packed_linear, "time_shape_bfloat16", timed_bfloat16)
+    monkeypatch.setattr(packed_linear, "time_shape_copy_free", timed_copy_free)
     monkeypatch.setattr(packed_linear, "_recorded", lambda: {})  # never what this machine measured before
     monkeypatch.setattr(packed_linear, "_record", lambda key, times: None)
     monkeypatch.setattr(packed_linear, "MIN_WEIGHT", min(packed_linear.MIN_WEIGHT, smallest))

@@ -20,8 +20,8 @@ from specdec.errors import PackingWarning, RereadWarning
 from specdec.policies import ConstantLookahead
 
 from .architectures import tiny_family_model
-from .conftest import (REAL_RECORD, REAL_RECORDED, REAL_TIME_SHAPE, REAL_TIME_SHAPE_BFLOAT16, greedy_reference,
-                       left_padded_prompts, pin_packing, tiny_model)
+from .conftest import (REAL_RECORD, REAL_RECORDED, REAL_TIME_SHAPE, REAL_TIME_SHAPE_BFLOAT16, REAL_TIME_SHAPE_COPY_FREE,
+                       greedy_reference, left_padded_prompts, pin_packing, tiny_model)
 from .test_pair import PAIR, needs_pair
 from .tiny_whisper import NO_TIMESTAMPS, SOT, TRANSCRIBE, decoder_of, features, tiny_whisper
 
@@ -195,11 +195,17 @@ def test_the_measurement_times_each_shape_once_on_this_machine(monkeypatch):
     assert len(calls) == 2
 
 
-@torch.no_grad()
-def test_a_measurement_is_kept_for_the_next_process_on_this_machine(monkeypatch, tmp_path):
+def measurements_in(monkeypatch, tmp_path) -> None:
+    """Read and write ``packing.json`` for real (the suite pins the timings and keeps the file out),
+    in a cache of the test's own."""
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(packed_linear, "_recorded", REAL_RECORDED)
     monkeypatch.setattr(packed_linear, "_record", REAL_RECORD)
+
+
+@torch.no_grad()
+def test_a_measurement_is_kept_for_the_next_process_on_this_machine(monkeypatch, tmp_path):
+    measurements_in(monkeypatch, tmp_path)
     timed = []
     times = {1: (0.5, 0.6), 2: (1.0, 1.0), 3: (1.0, 0.5), 4: (1.2, 0.4), 8: (1.5, 0.6), 12: (1.8, 0.8), 16: (2.0, 1.0)}
     everywhere = frozenset({2, 3, 4, 8, 12, 16})
@@ -235,9 +241,7 @@ def test_a_measurement_is_kept_for_the_next_process_on_this_machine(monkeypatch,
 def test_a_shape_timed_in_a_single_round_is_timed_again(monkeypatch, tmp_path):
     """Stops 20-34 timed a shape in one round and keyed it without a count of rounds: such an entry
     is not read, the shape is timed again and recorded beside it."""
-    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(packed_linear, "_recorded", REAL_RECORDED)
-    monkeypatch.setattr(packed_linear, "_record", REAL_RECORD)
+    measurements_in(monkeypatch, tmp_path)
     timed = []
     times = {rows: (1.0, 0.5) for rows in packed_linear.TRIAL_ROWS}
     monkeypatch.setattr(packed_linear, "time_shape", lambda weight: timed.append(tuple(weight.shape)) or times)
@@ -354,18 +358,32 @@ def test_weights_are_packed_as_a_request_begins_not_in_a_timed_step(monkeypatch)
     assert not counter.calls
 
 
-@needs_pair
-def test_the_bundled_pair_verifies_on_packed_weights_and_equals_generate(monkeypatch):
-    """The bundled pair in float32 (its LM head's weight is large enough to pack): verify
-    blocks run on packed weights, the output is generate's at batch 1 and 4, and the target's own
-    generate is bit for bit what it was."""
+def float32_pair_and_prompts():
+    """The bundled pair's target in float32 (its LM head is large enough to pack) and four
+    left-padded prompts."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(PAIR, local_files_only=True, padding_side="left")
     target = AutoModelForCausalLM.from_pretrained(PAIR / "target", dtype=torch.float32, local_files_only=True).eval()
     prompts = ["def fibonacci(n):\n", "import os\n\n\ndef main(", "class Stack:\n    def push(self, item):\n",
                "    for i in range(10):\n"]
-    batch = tokenizer(prompts, return_tensors="pt", padding=True)
+    return target, tokenizer(prompts, return_tensors="pt", padding=True)
+
+
+def equals_generate_at_1_and_4(decoder, target, batch) -> None:
+    for rows in (slice(0, 1), slice(0, 4)):
+        inputs = {name: value[rows] for name, value in batch.items()}
+        expected = target.generate(**inputs, max_new_tokens=24, do_sample=False)
+        out = decoder.generate(**inputs, max_new_tokens=24)
+        assert torch.equal(out.sequences, expected[:, : out.sequences.shape[1]])
+
+
+@needs_pair
+def test_the_bundled_pair_verifies_on_packed_weights_and_equals_generate(monkeypatch):
+    """The bundled pair in float32 (its LM head's weight is large enough to pack): verify
+    blocks run on packed weights, the output is generate's at batch 1 and 4, and the target's own
+    generate is bit for bit what it was."""
+    target, batch = float32_pair_and_prompts()
     reference = target.generate(**batch, max_new_tokens=24, do_sample=False, output_scores=True,
                                 return_dict_in_generate=True)
     config = SpecdecConfig.from_toml(REPO_TOML)
@@ -373,11 +391,7 @@ def test_the_bundled_pair_verifies_on_packed_weights_and_equals_generate(monkeyp
         counter = PackCounter(monkeypatch)
         decoder = SpeculativeDecoder.from_config(config, target=target)
         decoder.packed_weights = packed
-        for rows in (slice(0, 1), slice(0, 4)):
-            inputs = {name: value[rows] for name, value in batch.items()}
-            expected = target.generate(**inputs, max_new_tokens=24, do_sample=False)
-            out = decoder.generate(**inputs, max_new_tokens=24)
-            assert torch.equal(out.sequences, expected[:, : out.sequences.shape[1]])
+        equals_generate_at_1_and_4(decoder, target, batch)
         assert (counter.packed(target.lm_head.weight) > 0) is packed
         assert (target.lm_head.weight in packed_linear._PACKED) is packed  # packed as the request began
     again = target.generate(**batch, max_new_tokens=24, do_sample=False, output_scores=True,
@@ -674,9 +688,7 @@ def test_a_hidden_state_head_on_bfloat16_weights_stays_exact(monkeypatch):
 def test_a_bfloat16_timing_is_kept_beside_the_float32_ones(monkeypatch, tmp_path):
     """A shape's bfloat16 times go to the same file under their own key, one time per width; writing
     a float32 entry later keeps them, and a damaged bfloat16 entry is timed again."""
-    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(packed_linear, "_recorded", REAL_RECORDED)
-    monkeypatch.setattr(packed_linear, "_record", REAL_RECORD)
+    measurements_in(monkeypatch, tmp_path)
     timed = []
     bfloat16 = {rows: (0.25,) for rows in packed_linear.TRIAL_ROWS}
     monkeypatch.setattr(packed_linear, "time_shape_bfloat16", lambda weight: timed.append("bfloat16") or bfloat16)
@@ -847,3 +859,90 @@ def test_a_draft_model_loaded_from_its_folder_keeps_only_its_int8_weights(monkey
                        if type(module) is torch.nn.Linear and module.weight.numel() >= packed_linear.MIN_WEIGHT}
         assert int8 == (quantisable if isinstance(model, str) else set()) and quantisable
     assert outs[0] == outs[1] and outs[0][1] > 0
+
+
+# --- packed_weights = false: copy-free routes ----------------------------------------------------
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("route", packed_linear.COPY_FREE_ROUTES)
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_copy_free_route_computes_the_linear_layer_and_copies_nothing(route, bias):
+    layer = linear(bias=bias)
+    before = layer.weight.clone()
+    routes = {width: route for width in packed_linear.TRIAL_ROWS if width >= 2}
+    for shape in ((6, 512), (2, 3, 512), (1, 16, 512)):
+        x = torch.randn(*shape)
+        out = packed_linear._copy_free_forward(layer, routes, x)
+        expected = F.linear(x, layer.weight, layer.bias)
+        assert out.shape == expected.shape and out.is_contiguous()
+        torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    x = torch.randn(1, 512)  # one row: torch's own, bit for bit
+    assert torch.equal(packed_linear._copy_free_forward(layer, routes, x), F.linear(x, layer.weight, layer.bias))
+    assert torch.equal(layer.weight, before)
+    assert not packed_linear.has_packed_copy(layer.weight) and layer.weight not in packed_linear._PACKED_BF16
+
+
+def test_a_copy_free_route_is_taken_where_it_wins_by_the_margin():
+    torch_path = {1: (1.0, 0.1), 2: (1.0, 0.1), 3: (1.0, 0.1), 4: (2.0, 0.1), 8: (2.0, 0.1), 12: (2.0, 0.1),
+                  16: (1.0, 0.1)}
+    copy_free = {1: (0.1, 0.1), 2: (0.5, 0.8), 3: (0.95, 0.91), 4: (1.9, 1.0), 8: (1.0, 1.8), 12: (2.0, 1.8),
+                 16: (0.95, 2.0)}
+    # one row never (a target's plain step stays generate's own); 3: 0.91 > 0.9 x 1.0; 12: 1.8 = 0.9 x 2.0
+    assert packed_linear.copy_free_wins(torch_path, copy_free) == {
+        2: "transposed", 4: "oneDNN", 8: "transposed", 12: "oneDNN"}
+    # what packed weights would have cost does not matter: none is made to run packed
+    slower_packed = {rows: (seconds, 99.0) for rows, (seconds, _) in torch_path.items()}
+    assert packed_linear.copy_free_wins(slower_packed, copy_free) == packed_linear.copy_free_wins(torch_path, copy_free)
+
+
+def test_the_copy_free_timing_times_both_routes_at_every_width():
+    times = REAL_TIME_SHAPE_COPY_FREE(torch.zeros(256, 512))
+    assert sorted(times) == list(packed_linear.TRIAL_ROWS)
+    assert all(len(t) == len(packed_linear.COPY_FREE_ROUTES) and min(t) > 0 for t in times.values())
+
+
+@torch.no_grad()
+def test_a_copy_free_timing_is_kept_beside_the_packed_ones(monkeypatch, tmp_path):
+    measurements_in(monkeypatch, tmp_path)
+    timed = []
+    monkeypatch.setattr(packed_linear, "time_shape",
+                        lambda weight: timed.append("packed") or {rows: (1.0, 0.5) for rows in packed_linear.TRIAL_ROWS})
+    monkeypatch.setattr(packed_linear, "time_shape_copy_free",
+                        lambda weight: timed.append("copy-free") or {rows: (0.5, 0.7) for rows in packed_linear.TRIAL_ROWS})
+    weight = linear().weight
+    everywhere = {rows: "transposed" for rows in packed_linear.TRIAL_ROWS if rows >= 2}
+    assert packed_linear.copy_free_routes(weight) == everywhere and timed == ["packed", "copy-free"]
+    record = json.loads(packed_linear.measurements_file().read_text())
+    key = packed_linear._machine_key(tuple(weight.shape))
+    assert record[key + "|copy-free"] == {str(rows): [0.5, 0.7] for rows in packed_linear.TRIAL_ROWS}
+    monkeypatch.setattr(packed_linear, "_MEASURED", {})
+    monkeypatch.setattr(packed_linear, "_MEASURED_COPY_FREE", {})  # a new process: read, not timed
+    assert packed_linear.copy_free_routes(weight) == everywhere and len(timed) == 2
+
+
+@needs_pair
+@torch.no_grad()
+@pytest.mark.parametrize("route", packed_linear.COPY_FREE_ROUTES)
+def test_the_bundled_pair_without_packed_weights_verifies_on_copy_free_routes_and_equals_generate(monkeypatch, route):
+    """``packed_weights = false``: verify blocks take the copy-free route measured faster, no packed
+    copy of any weight is made, the output is generate's at batch 1 and 4, and plain steps stay
+    generate's own."""
+    pin_packing(monkeypatch, copy_free=route)
+    calls = []
+    original = packed_linear._copy_free_forward
+
+    def counting(module, routes, x):
+        rows = x.numel() // x.shape[-1]
+        calls.append((module.weight, rows, routes.get(packed_linear.trial_width(rows))))
+        return original(module, routes, x)
+
+    monkeypatch.setattr(packed_linear, "_copy_free_forward", counting)
+    target, batch = float32_pair_and_prompts()
+    decoder = SpeculativeDecoder.from_config(SpecdecConfig.from_toml(REPO_TOML), target=target)
+    decoder.packed_weights = False
+    equals_generate_at_1_and_4(decoder, target, batch)
+    verified = [(rows, taken) for weight, rows, taken in calls if weight is target.lm_head.weight]
+    assert any(taken == route for _, taken in verified)  # the head's verifies took the route
+    assert all(rows >= 4 for rows, taken in verified if taken)  # where it was measured faster, only
+    assert not any(p in packed_linear._PACKED for p in target.parameters())  # no packed copy made

@@ -478,3 +478,42 @@ def test_a_lone_rows_screened_head_gets_no_packed_float32_copy(monkeypatch):
                                  policy=ConstantLookahead(k=0))
     decoder.generate(prompt[:1], input_features=x[:1], max_new_tokens=4)
     assert head in packed_linear._PACKED
+
+
+@needs_bfloat16
+@torch.no_grad()
+@pytest.mark.parametrize("timestamps", [False, True])
+def test_without_packed_weights_the_head_is_still_screened_and_no_float32_copy_is_made(monkeypatch, timestamps):
+    """``packed_weights = false`` with ``screened_head`` on (whisper.toml's lean setting): the decoder's
+    layers verify on copy-free routes, its LM head on the bfloat16 screen, no packed float32 copy of
+    any weight is made, at batch 1 and batched, and the transcript is generate's; with
+    ``screened_head = false`` too, no copy at all."""
+    from specdec.drafters import SharedEncoderDrafter
+    from specdec.whisper import WhisperSpeculativeDecoder
+
+    from .tiny_whisper import decoder_of, features, tiny_whisper
+
+    pin_packing(monkeypatch, smallest=0, bfloat16=True, copy_free="oneDNN")
+    monkeypatch.setattr(screened_head, "_PLANS", screened_head.WeakIdKeyDictionary())
+    monkeypatch.setattr(packed_linear, "_PACKED", packed_linear.WeakIdKeyDictionary())
+    counter = ScreenCounter(monkeypatch)
+    copy_free = []
+    original = packed_linear._copy_free_forward
+    monkeypatch.setattr(packed_linear, "_copy_free_forward",
+                        lambda module, routes, x: copy_free.append(module.weight) or original(module, routes, x))
+    target = tiny_whisper(seed=0).float()
+    x = features(2, seed=11).float()
+    options = dict(language="en", task="transcribe", return_timestamps=timestamps)
+    for screened in (True, False):
+        monkeypatch.setattr(packed_linear, "_PACKED_BF16", packed_linear.WeakIdKeyDictionary())
+        counter.rows.clear()
+        copy_free.clear()
+        decoder = SpeculativeDecoder(target=target, drafter=SharedEncoderDrafter(model=decoder_of(target)),
+                                     policy=ConstantLookahead(k=3), packed_weights=False, screened_head=screened)
+        whisper = WhisperSpeculativeDecoder(decoder)
+        for rows in (1, 2):
+            assert torch.equal(whisper.generate(x[:rows], **options), target.generate(x[:rows], **options)), (screened, rows)
+        assert bool(counter.rows) is screened
+        assert any(weight is target.model.decoder.layers[0].fc1.weight for weight in copy_free)
+        assert not any(p in packed_linear._PACKED for p in target.parameters())
+        assert (target.proj_out.weight in packed_linear._PACKED_BF16) is screened

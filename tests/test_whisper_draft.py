@@ -431,11 +431,16 @@ class TestShippedDraft:
         decoder = SpeculativeDecoder.from_config(config, target=target)
         assert isinstance(decoder.policy, CostAwareLookahead)
         assert (decoder.drafter.matmul_precision, decoder.drafter.encoder_frames) == ("int8", "audio")
+        assert not decoder.packed_weights and not decoder.screened_head  # no copy of base's weights (stop 65)
         whisper = WhisperSpeculativeDecoder(decoder)
         generator = torch.Generator().manual_seed(0)
         for batch in (1, 2, 1):
             x = torch.randn(batch, 80, 3000, generator=generator) * 0.5
             assert torch.equal(whisper.generate(x, language="en"), target.generate(x, language="en"))
+        from specdec.core import packed_linear
+
+        copies = (packed_linear._PACKED, packed_linear._PACKED_BF16, packed_linear._PACKED_INT8)
+        assert not any(p in made for p in target.parameters() for made in copies)
 
 
 class TestModelNames:

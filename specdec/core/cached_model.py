@@ -31,7 +31,7 @@ import torch
 from ..errors import ConfigError
 from .cache import bucket, dense_block, empty_block
 from . import gqa_attention, screened_head
-from .packed_linear import applies_to, pack
+from .packed_linear import applies_to, copy_free_plan, pack
 from .models import CausalLMRunner, RereadingRunner, Seq2SeqRunner
 
 # Free columns a static cache keeps for the next rounds; fewer, and it compacts (core/cache.py).
@@ -68,10 +68,13 @@ class CachedModel:
         """A new request: an empty cache for all its rows (none for a re-reading runner)."""
         self.slots = self.runner.new_cache(state.batch_size, static_capacity(state) if state.static_shapes else None)
         self.runner.compiled_steps = self.role in state.compile
-        self.runner.packed_steps = (state.packed_weights and not self.runner.rereads and not self.runner.compiled_steps
+        # Multi-token steps switch their linear layers: to packed copies of the weights, or without
+        # packed_weights to the copy-free routes measured faster (core/packed_linear.py).
+        self.runner.packed_steps = (not self.runner.rereads and not self.runner.compiled_steps
                                     and applies_to(self.model))
+        self.runner.weight_copies = state.packed_weights
         # A drafter's one-token steps too: only the target's plain steps must stay generate's own.
-        self.runner.packed_one_row = self.runner.packed_steps and self.role != "target"
+        self.runner.packed_one_row = self.runner.packed_steps and state.packed_weights and self.role != "target"
         self.runner.matmul_precision = self.matmul_precision if self.runner.packed_one_row else "highest"
         # Greedy verifies of a float32 target: its LM head in bfloat16, the argmax's candidates in float32.
         screens = (self.role == "target" and state.screen_suppressed is not None and self.runner.packed_steps
@@ -81,10 +84,12 @@ class CachedModel:
         # logits of every token run on torch's path (screened_head.screened_head): the copy is made
         # only by a batched request.
         leave = (screened_head.head_of(self.model),) if screens and state.batch_size == 1 else ()
-        if self.runner.packed_steps:
+        if self.runner.packed_steps and state.packed_weights:
             pack(self.model, self.runner.matmul_precision, leave=leave)  # now, not in the first step the policies time
+        elif self.runner.packed_steps:
+            copy_free_plan(self.model)  # timed (once per machine) now, as pack does
         self.runner.screened_steps = screens and bool(screened_head.prepare(self.model))
-        if leave and not self.runner.screened_steps:  # not screened on this machine: read in float32 after all
+        if leave and state.packed_weights and not self.runner.screened_steps:  # not screened on this machine: read in float32 after all
             pack(self.model, self.runner.matmul_precision)
         self.runner.screen_suppressed = state.screen_suppressed if self.runner.screened_steps else ()
         self.runner.screen_exact_from = state.screen_exact_from if self.runner.screened_steps else None

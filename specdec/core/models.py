@@ -398,6 +398,7 @@ class CausalLMRunner:
 
     compiled_steps = False  # set per request (CachedModel.begin): call a compiled forward after the prefill
     packed_steps = False  # set per request (CachedModel.begin): steps after the prefill on packed weights
+    weight_copies = True  # set per request (CachedModel.begin): packed copies; else copy-free routes
     packed_one_row = False  # set per request (CachedModel.begin): one-token steps too (a drafter's)
     matmul_precision = "highest"  # set per request (CachedModel.begin): a drafter's bfloat16 weights
     grouped_steps = False  # set per request (CachedModel.begin): multi-token steps' attention by gqa_steps
@@ -468,8 +469,8 @@ class CausalLMRunner:
         # numbers never reach the output, and the cross-attention keys a shared-encoder draft
         # computes there and lends the target stay on torch's path (packed_linear._candidates).
         packed = self.packed_steps and (step or self.packed_one_row and input_ids.numel() <= TRIAL_ROWS[-1])
-        with (packed_steps(self.model, input_ids.numel(), self.packed_one_row, self.matmul_precision) if packed
-              else nullcontext()), \
+        with (packed_steps(self.model, input_ids.numel(), self.packed_one_row, self.matmul_precision,
+                           self.weight_copies) if packed else nullcontext()), \
                 (gqa_steps(self.model) if self.grouped_steps and step and not one_token else nullcontext()), \
                 (screened_head(self.model, self.screen_suppressed, self.screen_exact_from) if self.screened_steps and step
                  else nullcontext()):
@@ -657,6 +658,7 @@ class Seq2SeqRunner:
     rereads = False
     REQUIRED = ("encoder_outputs", "decoder_input_ids", "decoder_attention_mask", "decoder_position_ids")
     packed_steps = False  # set per request (CachedModel.begin): decoder steps after the first on packed weights
+    weight_copies = True  # set per request (CachedModel.begin): packed copies; else copy-free routes
     packed_one_row = False  # set per request (CachedModel.begin): one-token steps too (a drafter's)
     matmul_precision = "highest"  # set per request (CachedModel.begin): a drafter's bfloat16 weights
     screened_steps = False  # set per request (CachedModel.begin): multi-row steps' LM head by screened_head
@@ -771,8 +773,8 @@ class Seq2SeqRunner:
         # more than packed (stop 62).
         step = slots.length > input_ids.shape[1]
         packed = self.packed_steps and (step or logits_to_keep > 1 and not self.packed_one_row)
-        with (packed_steps(self.model, input_ids.numel(), self.packed_one_row, self.matmul_precision) if packed
-              else nullcontext()), \
+        with (packed_steps(self.model, input_ids.numel(), self.packed_one_row, self.matmul_precision,
+                           self.weight_copies) if packed else nullcontext()), \
                 (screened_head(self.model, self.screen_suppressed, self.screen_exact_from) if self.screened_steps
                  else nullcontext()):
             out = self.model(

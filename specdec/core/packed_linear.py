@@ -58,6 +58,18 @@ instead: core/screened_head.py). A model whose packed copy would take more than 
 left is not packed, with a ``PackingWarning``. Only torch builds whose linear layers run on MKL
 (x86) pack: the step measured above is MKL's.
 
+Without copies (``packed_weights = false``, ``packed_steps(..., copies=False)``): a layer's
+multi-row calls take, where measured faster, one of two routes that read the weight as it lies
+(``COPY_FREE_ROUTES``, timed once per machine beside the packed times: ``time_shape_copy_free``):
+"transposed", sgemm with the weight as the left operand (``(weight @ x.T).T``), which MKL streams
+where ``F.linear`` repacks it at every call of a few rows; and "oneDNN", oneDNN's matmul on the
+weight in its own layout. One-row calls stay torch's. On the Zen 5 EPYC of stops 59-65 (cold, one
+thread, ms for torch's path, packed, transposed and oneDNN) whisper-base's 2048 x 512 ``fc1`` at 4
+rows takes 0.34, 0.14, 0.18 and 0.22, its 512 x 2048 ``fc2`` 0.30, 0.13, 0.48 and 0.20, a 512 x 512
+projection 0.081, 0.040, 0.046 and 0.070: most of what packing gains at the verify widths, and
+whisper-base's decoder took the same 1.98x as with its packed copies, 84 MiB fewer
+(docs/benchmarks.md, stop 65). The same rounding note as packed's holds (below).
+
 A drafter may also read its weights in bfloat16 (its ``matmul_precision``: "medium" always, "auto"
 where a shape's call is measured faster): the weight packed once more in bfloat16, the call's rows
 rounded to bfloat16 on the way in and its result returned in float32; norms, attention and softmax
@@ -144,6 +156,10 @@ _CANDIDATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _BF16_PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # model -> [(layer, forward)]: a drafter's steps with int8 weights
 _INT8_PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# weight shape -> {rows: (transposed seconds, oneDNN-on-the-weight seconds)} on this machine (time_shape_copy_free)
+_MEASURED_COPY_FREE: dict[tuple[int, int], dict[int, tuple[float, float]]] = {}
+# model -> [(layer, its routes, forward)]: multi-row steps on the weights as loaded (packed_weights = false)
+_COPY_FREE_PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class _Switch(NamedTuple):
@@ -169,13 +185,22 @@ def applies_to(model: torch.nn.Module) -> bool:
 
 
 @contextlib.contextmanager
-def packed_steps(model: torch.nn.Module, rows: int, one_row: bool = False, matmul_precision: str = "highest"):
+def packed_steps(model: torch.nn.Module, rows: int, one_row: bool = False, matmul_precision: str = "highest",
+                 copies: bool = True):
     """Within it, ``model``'s linear layers measured faster packed at ``rows`` rows read packed weights.
     A one-row call is packed only for ``one_row`` (a drafter's step): a target's plain steps stay
     ``generate``'s own. ``matmul_precision`` "medium" or "auto" (a drafter's, ``one_row`` with it):
-    layers read bfloat16 weights where ``bfloat16_at`` says so, float32 packed ones elsewhere as above."""
-    if rows < 2 and not one_row:
+    layers read bfloat16 weights where ``bfloat16_at`` says so, float32 packed ones elsewhere as above.
+    Without ``copies`` (``packed_weights = false``), no copy of a weight is made or read: the layers
+    measured faster on a copy-free route at ``rows`` rows take it (``copy_free_routes``), one-row
+    calls stay torch's."""
+    if rows < 2 and not (one_row and copies):
         yield
+        return
+    if not copies:
+        trial = trial_width(rows)
+        with _switched([(module, forward) for module, routes, forward in copy_free_plan(model) if trial in routes]):
+            yield
         return
     if one_row and matmul_precision == "int8" and int8_available():
         switched = _int8_plan(model)
@@ -476,6 +501,7 @@ def measured_bfloat16(weight: torch.Tensor) -> dict[int, tuple[float]]:
 
 
 BF16_KEY = "|bfloat16"  # the suffix of a bfloat16 timing's key in measurements_file(): one time per width
+COPY_FREE_KEY = "|copy-free"  # the suffix of a copy-free timing's key: a time per route and width
 
 
 def faster_at(weight: torch.Tensor) -> frozenset[int]:
@@ -636,10 +662,8 @@ def time_shape(weight: torch.Tensor) -> dict[int, tuple[float, float]]:
     shapes' few-microsecond calls made the choice between 2, 3 and 16 rows flip from run to run. Each
     call takes the next of as many copies of the shape as fill ``COLD_BYTES``; the copies are dropped
     afterwards, so a shape that loses costs no memory."""
-    size = weight.numel() * weight.element_size()
-    count = -(-COLD_BYTES // size)
-    plain = [weight.detach()] if count == 1 else [torch.full(tuple(weight.shape), 0.01, dtype=weight.dtype)
-                                                            for _ in range(count)]
+    plain = _cold_copies(weight)
+    count = len(plain)
     packed = [torch.ops.mkldnn._reorder_linear_weight(w, None) for w in plain]
     return _in_rounds(weight, count, [lambda x, copy: F.linear(x, plain[copy]),
                                       lambda x, copy: torch.ops.mkldnn._linear_pointwise(x, packed[copy], None, "none", [], "")])
@@ -658,6 +682,24 @@ def _in_rounds(weight: torch.Tensor, count: int, paths) -> dict[int, tuple[float
             for which, path in enumerate(paths):
                 times[rows][which] = min(times[rows][which], _fastest(lambda: path(x, next(turn) % count)))
     return {rows: tuple(seconds) for rows, seconds in times.items()}
+
+
+@torch.no_grad()
+def time_shape_copy_free(weight: torch.Tensor) -> dict[int, tuple[float, float]]:
+    """``{rows: (transposed seconds, oneDNN seconds)}``: a linear layer of ``weight``'s shape at
+    ``TRIAL_ROWS`` on each copy-free route (``COPY_FREE_ROUTES``), timed cold and in rounds as
+    ``time_shape`` times torch's path and packed."""
+    plain = _cold_copies(weight)
+    return _in_rounds(weight, len(plain), [lambda x, copy: _transposed(x, plain[copy]),
+                                           lambda x, copy: _onednn(x, plain[copy])])
+
+
+def _cold_copies(weight: torch.Tensor) -> list[torch.Tensor]:
+    """As many tensors of ``weight``'s shape as fill ``COLD_BYTES`` (``weight`` itself where it alone
+    does), for timings that read a weight from memory as a forward does (``time_shape``)."""
+    count = -(-COLD_BYTES // (weight.numel() * weight.element_size()))
+    return [weight.detach()] if count == 1 else [torch.full(tuple(weight.shape), 0.01, dtype=weight.dtype)
+                                                 for _ in range(count)]
 
 
 @torch.no_grad()
@@ -698,6 +740,87 @@ def free_memory() -> int | None:
 
 
 ONE_ROW = frozenset({1})  # added to a layer's widths in a drafter's one-row steps (packed_steps(one_row=True))
+
+
+TRANSPOSED, ONEDNN = "transposed", "oneDNN"  # the copy-free routes (COPY_FREE_ROUTES), in time_shape_copy_free's order
+COPY_FREE_ROUTES = (TRANSPOSED, ONEDNN)
+
+
+def copy_free_plan(model: torch.nn.Module) -> list[tuple[torch.nn.Linear, dict[int, str], functools.partial]]:
+    """``model``'s layers that some width of a multi-row step runs on a copy-free route, each with
+    its routes (``copy_free_routes``) and its forward for them; built once per model."""
+    plan = _COPY_FREE_PLANS.get(model)
+    if plan is None:
+        candidates = [module for module in _candidates(model) if module.weight.is_contiguous()]
+        unknown = _untimed(candidates, _MEASURED, "") | _untimed(candidates, _MEASURED_COPY_FREE, COPY_FREE_KEY)
+        if unknown:
+            started = time.perf_counter()
+            _log.info("timing %d weight shape%s of %s on this CPU for copy-free steps (once per machine, kept in %s)",
+                      len(unknown), "" if len(unknown) == 1 else "s", _named(model), measurements_file())
+        routes = {id(module): copy_free_routes(module.weight) for module in candidates}
+        if unknown:
+            _log.info("timed in %.1f s", time.perf_counter() - started)
+        plan = _COPY_FREE_PLANS[model] = [
+            (module, routes[id(module)], functools.partial(_copy_free_forward, module, routes[id(module)]))
+            for module in candidates if routes[id(module)]]
+    return plan
+
+
+def copy_free_routes(weight: torch.Tensor) -> dict[int, str]:
+    """``{trial width: route}``: where a multi-row call of ``weight``'s shape runs faster on a route
+    that reads the weight as loaded (``copy_free_wins`` of its ``measured`` and
+    ``measured_copy_free`` times on this machine)."""
+    return copy_free_wins(measured(weight), measured_copy_free(weight))
+
+
+def copy_free_wins(torch_times: dict[int, tuple[float, ...]], copy_free: dict[int, tuple[float, float]]) -> dict[int, str]:
+    """From ``{rows: (torch's seconds, ...)}`` and ``{rows: (transposed seconds, oneDNN seconds)}``:
+    each trial width of 2 or more rows whose faster copy-free route takes at most ``MARGIN`` of
+    torch's time, with that route."""
+    routes = {}
+    for rows, times in copy_free.items():
+        fastest = min(range(len(COPY_FREE_ROUTES)), key=lambda which: times[which])
+        if rows >= 2 and times[fastest] <= MARGIN * torch_times[rows][0]:
+            routes[rows] = COPY_FREE_ROUTES[fastest]
+    return routes
+
+
+def measured_copy_free(weight: torch.Tensor) -> dict[int, tuple[float, float]]:
+    """``time_shape_copy_free`` of ``weight``'s shape on this machine, kept as ``measured`` keeps its times."""
+    return _kept(_MEASURED_COPY_FREE, COPY_FREE_KEY, weight, lambda: time_shape_copy_free(weight))
+
+
+def _transposed(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    # sgemm with the weight as the left operand: MKL then streams it as it lies, where F.linear's
+    # x @ weight.T repacks all of it at every call of more than a few rows (see the module docstring).
+    return (weight @ x.t()).t().contiguous()
+
+
+def _onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+def _copy_free_forward(module: torch.nn.Linear, routes: dict[int, str], x: torch.Tensor) -> torch.Tensor:
+    parameters = module._parameters
+    weight, bias = parameters["weight"], parameters["bias"]
+    features = x.shape[-1]
+    rows = x.numel() // features
+    route = routes.get(trial_width(rows)) if rows else None
+    if route is None or x.dtype != torch.float32 or x.dim() < 2 or torch.is_grad_enabled():
+        return F.linear(x, weight, bias)
+    flat = x.reshape(-1, features)
+    if route == TRANSPOSED:
+        out = _transposed(flat, weight)
+        if bias is not None:
+            out += bias
+    else:
+        out = _onednn(flat, weight, bias)
+    return out.view(*x.shape[:-1], out.shape[-1])
+
+
+def is_copy_free(forward) -> bool:
+    """Whether ``forward`` (a layer's switched forward) is a copy-free one: it never makes a copy."""
+    return isinstance(forward, functools.partial) and forward.func is _copy_free_forward
 
 
 def _packed_forward(module: torch.nn.Linear, packed_at: frozenset[int], widths: dict[int, int],
@@ -789,5 +912,5 @@ def keep_int8_only(model: torch.nn.Module) -> None:
         for module in _candidates(model):
             parent, name = parents[id(module)]
             setattr(parent, name, Int8Linear(module))
-    for plans in (_CANDIDATES, _LINEARS, _BF16_PLANS, _INT8_PLANS):
+    for plans in (_CANDIDATES, _LINEARS, _BF16_PLANS, _INT8_PLANS, _COPY_FREE_PLANS):
         plans.pop(model, None)  # they hold the float32 layers

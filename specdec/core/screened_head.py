@@ -174,10 +174,12 @@ def screened_head(model: torch.nn.Module, suppressed: tuple[torch.Tensor, ...] =
     head = head_of(model)
     previous = head.__dict__.get("forward")
     fallback = previous
-    if fallback is not None and not packed_linear.has_packed_copy(head.weight):
+    if (fallback is not None and not packed_linear.has_packed_copy(head.weight)
+            and not packed_linear.is_copy_free(fallback)):
         # A head left unpacked for a lone row's request (CachedModel.begin) stays so: its rare full
         # reads (a verify of more than MAX_ROWS tokens, rows unsure of most of the vocabulary) run on
-        # torch's path rather than make a float32 copy for them (101 MiB on whisper-base).
+        # torch's path rather than make a float32 copy for them (101 MiB on whisper-base). A copy-free
+        # forward (packed_weights = false) makes none: they run on it.
         fallback = None
     head.forward = functools.partial(_screened_forward, head, fallback or type(head).forward.__get__(head), suppressed,
                                      exact_from)

@@ -104,11 +104,15 @@ class SpeculativeDecoder:
     # where torch's own path (MKL) costs 1.5-3x a plain step from 2-4 tokens on, depending on the
     # CPU; from how many rows each weight shape packs is timed once per process
     # (core/packed_linear.py). Each packed layer keeps a second copy of its weight. Other dtypes and devices are never packed.
+    # False: no packed copy; multi-token steps read the weights as loaded, by the copy-free route
+    # (transposed sgemm or oneDNN) measured faster for each shape and width, most of packing's gain
+    # at no memory (whisper-base: 84 MiB fewer, the same decoder speed; docs/benchmarks.md, stop 65).
     packed_weights: bool = attrs.field(default=True, validator=_bool)
-    # With packed_weights, greedy verifies read the target's LM head in bfloat16 where this CPU runs
-    # it faster (timed once per machine), and recompute in float32 only the logits that could be the
-    # argmax, so the output stays the target's (core/screened_head.py). Plain steps at batch 1 keep
-    # generate's own head.
+    # Greedy verifies read the target's LM head in bfloat16 where this CPU runs it faster (timed once
+    # per machine), and recompute in float32 only the logits that could be the argmax, so the output
+    # stays the target's (core/screened_head.py). Plain steps at batch 1 keep generate's own head.
+    # Its bfloat16 copy costs half the head's float32 bytes (whisper-base: 51 MiB), with or without
+    # packed_weights.
     screened_head: bool = attrs.field(default=True, validator=_bool)
     _hooks: Any = attrs.field(init=False, repr=False)
     _stats: StatsObserver = attrs.field(init=False, repr=False)
@@ -223,7 +227,7 @@ class SpeculativeDecoder:
         state.compile = COMPILE_CHOICES[self.compile]
         state.packed_weights = self.packed_weights
         state.screen_suppressed = (screened_head.suppression_masks(state.processors, self.target)
-                                   if self.screened_head and self.packed_weights and self.verifier.argmax_only
+                                   if self.screened_head and self.verifier.argmax_only
                                    and screened_head.applies_to(self.target) else None)
         state.screen_exact_from = (screened_head.exact_from(state.processors) if state.screen_suppressed is not None
                                    else None)
