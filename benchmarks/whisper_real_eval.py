@@ -64,6 +64,8 @@ def main() -> int:
                         help="the shared-encoder draft for the 'draft' drafter")
     parser.add_argument("--k", type=int, default=5, help="constant lookahead")
     parser.add_argument("--precision", default="int8", help="the draft's matmul_precision (whisper.toml's: int8)")
+    parser.add_argument("--lean", action="store_true",
+                        help="packed_weights and screened_head off (whisper.toml since stop 65: no copy of base's weights)")
     parser.add_argument("--limit", type=int, default=0)
     parser.add_argument("--languages", default="en,de,fr")
     parser.add_argument("--threads", type=int, default=2)
@@ -88,7 +90,8 @@ def main() -> int:
         elif name:
             raise SystemExit(f"unknown drafter {name!r} (ngram, model, draft)")
     decoders = {name: WhisperSpeculativeDecoder(SpeculativeDecoder(target=target, drafter=drafter, policy=ConstantLookahead(k=args.k),
-                                                                  verifier=GreedyVerifier()))
+                                                                  verifier=GreedyVerifier(), packed_weights=not args.lean,
+                                                                  screened_head=not args.lean))
                 for name, drafter in drafters.items()}
 
     languages = args.languages.split(",")

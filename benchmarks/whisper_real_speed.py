@@ -21,7 +21,8 @@ English, task transcribe, no timestamps, greedy):
 - ``base-packed``: ``base`` with every call of 4 rows or more (the encoder too) on oneDNN-packed
   weights (``core/packed_linear.py``): the plain baseline that specdec's packed steps are measured
   against where a batch alone makes the linear layers cheaper.
-- ``specdec-unpacked``: ``specdec`` with ``packed_weights=False`` (torch's own linear path).
+- ``specdec-unpacked``: ``specdec`` with ``packed_weights=False``: no packed copies, the layers'
+  multi-row calls on the copy-free routes measured faster (torch's own linear path before stop 65).
 - ``specdec-alt1``, ``-alt2``, ``-alt3``: ``specdec`` with the draft's 1, 2 or 3 next best candidates
   for the first position verified too (``alternatives``, a token tree of one level; docs/strategies.md).
 - ``specdec-fp32``, ``specdec-alt3-fp32``: ``specdec`` and ``specdec-alt3`` with the draft's linear
@@ -35,7 +36,9 @@ English, task transcribe, no timestamps, greedy):
 - ``specdec-draftint8``: the shipped config: ``specdec`` with the draft's linear layers on int8
   weights (``matmul_precision = "int8"``: fbgemm's dynamic int8 linear, a scale per output row),
   the draft loaded from ``--draft`` by the drafter, which then keeps only its int8 weights;
-  ``specdec-draftint8-unpacked`` the same with ``packed_weights = false``.
+  ``specdec-draftint8-unpacked`` the same with ``packed_weights = false`` (copy-free routes, the
+  head's bfloat16 screen kept), ``specdec-draftint8-unpacked-unscreened`` with ``screened_head = false``
+  too (no copy of any of base's weights).
 - ``specdec-allframes``: ``specdec`` with the draft's cross-attention over all 1500 encoder frames
   (``encoder_frames = "all"``, as before stop 60) instead of the audio's.
 - ``specdec-head``, ``specdec-head-alt3``: ``WhisperSpeculativeDecoder`` with the ``hidden-state``
@@ -241,9 +244,12 @@ def contenders(target, draft, policy: str, int8, assistant, hf_tokens: int | Non
         # weights (stop 63).
         if wanted is None or "specdec-draftint8" in wanted:
             out[named("specdec-draftint8", choice)] = (None, speculative(draft_path, choice, precision="int8"))
-        if wanted is None or "specdec-draftint8-unpacked" in wanted:  # whisper.toml's commented packed_weights = false
+        if wanted is None or "specdec-draftint8-unpacked" in wanted:  # packed_weights = false: copy-free routes
             out[named("specdec-draftint8-unpacked", choice)] = (None, speculative(draft_path, choice, packed=False,
                                                                                    precision="int8"))
+        if wanted is None or "specdec-draftint8-unpacked-unscreened" in wanted:  # and screened_head = false
+            out[named("specdec-draftint8-unpacked-unscreened", choice)] = (
+                None, speculative(draft_path, choice, packed=False, precision="int8", screened=False))
     for choice in choices if draft is not None else ():
         out[named("specdec", choice)] = (None, speculative(draft, choice))
         out[named("specdec-unpacked", choice)] = (None, speculative(draft, choice, packed=False))
@@ -305,7 +311,7 @@ def measure(args) -> dict:
                                                                    "specdec-fp32", "specdec-alt3-fp32", "specdec-unscreened", "specdec-allframes",
                                                                    "hf-assisted"} else None
     # The shipped config's contender loads the draft itself (and keeps it in int8 only).
-    draft_path = args.draft if wanted & {"specdec-draftint8", "specdec-draftint8-unpacked"} else None
+    draft_path = args.draft if wanted & {"specdec-draftint8", "specdec-draftint8-unpacked", "specdec-draftint8-unpacked-unscreened"} else None
     eot = target.generation_config.eos_token_id
     clock = EncoderClock(target)
     assistant = full_head_assistant(draft, target) if "hf-assisted" in wanted else None
