@@ -188,7 +188,13 @@ def contenders(run: str, target, head, heuristic_max: int, only=(), other_head=N
         # Prompt lookup's long runs on summaries: the constant's k = 10 against cost-aware's max_k = 8.
         found[f"{behind} cost-aware max_k=10 +{count} alternatives"] = spec(behind_lookup(alternatives=count),
                                                                             CostAwareLookahead(max_k=10))
-    # Multi-token steps on torch's own linear path instead of oneDNN-packed weights (core/packed_linear.py).
+    # Multi-token steps without packed copies of the weights (core/packed_linear.py): on torch's own
+    # linear path until stop 64, on the copy-free routes measured faster since stop 65; the shipped
+    # config so, with its LM head's screen and without (no copy of any of the target's weights).
+    found[f"{behind} cost-aware +3 alternatives (unpacked)"] = spec(behind_lookup(alternatives=3), CostAwareLookahead(),
+                                                                   packed=False)
+    found[f"{behind} cost-aware +3 alternatives (unpacked unscreened)"] = spec(
+        behind_lookup(alternatives=3), CostAwareLookahead(), packed=False, screened=False)
     found["specdec hidden_state k=3 (unpacked)"] = spec(HiddenStateDrafter(head), ConstantLookahead(k=3), packed=False)
     found["specdec ngram>=2 k=10 (unpacked)"] = spec(NGramDrafter(max_ngram=3, min_ngram=2), ConstantLookahead(k=10),
                                                      packed=False)

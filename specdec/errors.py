@@ -44,8 +44,8 @@ class DraftDtypeWarning(UserWarning):
 
 
 class PackingWarning(UserWarning):
-    """A model's multi-token steps run on torch's own linear path, not on packed weights, because
-    the packed copy would not fit in the memory left (``core/packed_linear.py``)."""
+    """A model's multi-token steps read its weights as loaded (the copy-free routes), not packed
+    copies, because the packed copies would not fit in the memory left (``core/packed_linear.py``)."""
 
 
 class PolicyMemoryWarning(UserWarning):

@@ -69,6 +69,7 @@ def pin_packing(monkeypatch, start: int | None = 4, smallest: int = 3 << 18, one
     monkeypatch.setattr(packed_linear, "_MEASURED", {})
     monkeypatch.setattr(packed_linear, "_MEASURED_BF16", {})
     monkeypatch.setattr(packed_linear, "_MEASURED_COPY_FREE", {})
+    monkeypatch.setattr(packed_linear, "_TOO_BIG_TO_PACK", weakref.WeakSet())
     for cache in ("_LINEARS", "_CANDIDATES", "_BF16_PLANS", "_INT8_PLANS", "_COPY_FREE_PLANS"):  # models cached across tests
         monkeypatch.setattr(packed_linear, cache, weakref.WeakKeyDictionary())
     monkeypatch.setattr(packed_linear, "time_shape", timed)

@@ -320,16 +320,23 @@ def test_a_weight_changed_in_place_is_packed_again():
 
 
 @torch.no_grad()
-def test_a_model_too_big_for_the_memory_left_is_not_packed(monkeypatch):
+@torch.no_grad()
+def test_a_model_too_big_for_the_memory_left_is_not_packed_and_goes_copy_free(monkeypatch):
+    pin_packing(monkeypatch, smallest=0, copy_free="transposed")
     counter = PackCounter(monkeypatch)
     layer = linear()  # 4 MiB of weight
     monkeypatch.setattr(packed_linear, "free_memory", lambda: 3 * 2**20)
     x = torch.randn(8, 512)
-    with pytest.warns(PackingWarning, match=r"Linear's multi-token steps stay on torch's linear path: its packed "
-                                            r"weights \(0.00 GiB\) would take more than half of the 0.00 GiB"):
-        with packed_linear.packed_steps(layer, rows=8):
-            out = layer(x)
-    assert counter.packed(layer.weight) == 0 and torch.equal(out, F.linear(x, layer.weight, layer.bias))
+    with pytest.warns(PackingWarning, match=r"Linear's multi-token steps read its weights as loaded \(the copy-free "
+                                            r"routes of packed_weights = false\): its packed weights \(0.00 GiB\) "
+                                            r"would take more than half of the 0.00 GiB"):
+        packed_linear.pack(layer)  # as a request begins
+    assert packed_linear.too_big_to_pack(layer) and not packed_linear.has_packed_copy(layer.weight)
+    with packed_linear.packed_steps(layer, rows=8):
+        assert packed_linear.is_copy_free(layer.__dict__["forward"])
+        out = layer(x)
+    assert counter.packed(layer.weight) == 0 and not packed_linear.has_packed_copy(layer.weight)
+    torch.testing.assert_close(out, F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
 
 
 def test_weights_are_packed_as_a_request_begins_not_in_a_timed_step(monkeypatch):

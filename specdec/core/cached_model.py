@@ -31,7 +31,7 @@ import torch
 from ..errors import ConfigError
 from .cache import bucket, dense_block, empty_block
 from . import gqa_attention, screened_head
-from .packed_linear import applies_to, copy_free_plan, pack
+from .packed_linear import applies_to, copy_free_plan, pack, too_big_to_pack
 from .models import CausalLMRunner, RereadingRunner, Seq2SeqRunner
 
 # Free columns a static cache keeps for the next rounds; fewer, and it compacts (core/cache.py).
@@ -86,7 +86,7 @@ class CachedModel:
         leave = (screened_head.head_of(self.model),) if screens and state.batch_size == 1 else ()
         if self.runner.packed_steps and state.packed_weights:
             pack(self.model, self.runner.matmul_precision, leave=leave)  # now, not in the first step the policies time
-        elif self.runner.packed_steps:
+        if self.runner.packed_steps and (not state.packed_weights or too_big_to_pack(self.model)):
             copy_free_plan(self.model)  # timed (once per machine) now, as pack does
         self.runner.screened_steps = screens and bool(screened_head.prepare(self.model))
         if leave and state.packed_weights and not self.runner.screened_steps:  # not screened on this machine: read in float32 after all

@@ -55,8 +55,8 @@ so are its decoder's cross-attention keys and values, which a step reads from th
 SmolLM2-135M +412 MiB (+80%); whisper-base's decoder layers +84 MiB, its head +101 MiB more where a
 verify reads it in float32 (a batched request; at batch 1 its bfloat16 screen, 51 MiB, serves
 instead: core/screened_head.py). A model whose packed copy would take more than half of the memory
-left is not packed, with a ``PackingWarning``. Only torch builds whose linear layers run on MKL
-(x86) pack: the step measured above is MKL's.
+left is not packed, with a ``PackingWarning``: its steps take the copy-free routes (below). Only
+torch builds whose linear layers run on MKL (x86) pack: the step measured above is MKL's.
 
 Without copies (``packed_weights = false``, ``packed_steps(..., copies=False)``): a layer's
 multi-row calls take, where measured faster, one of two routes that read the weight as it lies
@@ -160,6 +160,8 @@ _INT8_PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _MEASURED_COPY_FREE: dict[tuple[int, int], dict[int, tuple[float, float]]] = {}
 # model -> [(layer, its routes, forward)]: multi-row steps on the weights as loaded (packed_weights = false)
 _COPY_FREE_PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# models whose packed copies would not fit in the memory left (_switches): their steps go copy-free
+_TOO_BIG_TO_PACK: weakref.WeakSet = weakref.WeakSet()
 
 
 class _Switch(NamedTuple):
@@ -191,13 +193,13 @@ def packed_steps(model: torch.nn.Module, rows: int, one_row: bool = False, matmu
     A one-row call is packed only for ``one_row`` (a drafter's step): a target's plain steps stay
     ``generate``'s own. ``matmul_precision`` "medium" or "auto" (a drafter's, ``one_row`` with it):
     layers read bfloat16 weights where ``bfloat16_at`` says so, float32 packed ones elsewhere as above.
-    Without ``copies`` (``packed_weights = false``), no copy of a weight is made or read: the layers
-    measured faster on a copy-free route at ``rows`` rows take it (``copy_free_routes``), one-row
-    calls stay torch's."""
+    Without ``copies`` (``packed_weights = false``), or for a model whose copies would not fit in
+    memory, no copy of a weight is made or read: the layers measured faster on a copy-free route at
+    ``rows`` rows take it (``copy_free_routes``), one-row calls stay torch's."""
     if rows < 2 and not (one_row and copies):
         yield
         return
-    if not copies:
+    if not copies or not one_row and model in _TOO_BIG_TO_PACK:
         trial = trial_width(rows)
         with _switched([(module, forward) for module, routes, forward in copy_free_plan(model) if trial in routes]):
             yield
@@ -343,10 +345,12 @@ def _switches(model: torch.nn.Module) -> list[_Switch]:
         free = free_memory()
         if free is not None and need > free // 2:
             warnings.warn(
-                f"specdec: {type(model).__name__}'s multi-token steps stay on torch's linear path: its packed weights "
-                f"({need / 2**30:.2f} GiB) would take more than half of the {free / 2**30:.2f} GiB of memory left "
-                "(packed_weights = false silences this)", PackingWarning, stacklevel=2)
+                f"specdec: {type(model).__name__}'s multi-token steps read its weights as loaded (the copy-free "
+                f"routes of packed_weights = false): its packed weights ({need / 2**30:.2f} GiB) would take more "
+                f"than half of the {free / 2**30:.2f} GiB of memory left (packed_weights = false silences this)",
+                PackingWarning, stacklevel=2)
             linears = []
+            _TOO_BIG_TO_PACK.add(model)
         _LINEARS[model] = linears
     return linears
 
@@ -816,6 +820,12 @@ def _copy_free_forward(module: torch.nn.Linear, routes: dict[int, str], x: torch
     else:
         out = _onednn(flat, weight, bias)
     return out.view(*x.shape[:-1], out.shape[-1])
+
+
+def too_big_to_pack(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s packed copies were found not to fit in the memory left (a ``PackingWarning``
+    said so): its multi-token steps take the copy-free routes."""
+    return model in _TOO_BIG_TO_PACK
 
 
 def is_copy_free(forward) -> bool:
