@@ -342,8 +342,9 @@ def test_a_model_too_big_for_the_memory_left_is_not_packed_and_goes_copy_free(mo
 def test_weights_are_packed_as_a_request_begins_not_in_a_timed_step(monkeypatch):
     """Packing SmolLM2 takes most of a second: it happens before the loop, so no policy times it as
     a step. With plain steps only (and the 6-token prefill on torch's path, as generate reads it) no
-    call runs packed, yet the weights are packed all the same; a float64 model never is, nor a model
-    specdec re-reads whole (its forwards are generate's own)."""
+    call runs packed, yet the weights are packed all the same (and without packed weights, the
+    copy-free routes chosen); a float64 model never is, nor a model specdec re-reads whole (its
+    forwards are generate's own)."""
     from .conftest import tiny_llama
 
     pin_packing(monkeypatch, smallest=0)
@@ -354,6 +355,10 @@ def test_weights_are_packed_as_a_request_begins_not_in_a_timed_step(monkeypatch)
         prompt, max_new_tokens=5)
     assert torch.equal(out.sequences, target.generate(prompt, max_new_tokens=5, do_sample=False))
     assert target.lm_head.weight in packed_linear._PACKED and not counter.calls
+    # Without packed weights the copy-free routes are chosen (timed, on a new machine) as it begins too.
+    out = SpeculativeDecoder(target=target, drafter=NGramDrafter(), policy=ConstantLookahead(k=0),
+                             packed_weights=False).generate(prompt, max_new_tokens=5)
+    assert target in packed_linear._COPY_FREE_PLANS and out.stats.new_tokens == 5
     wide = tiny_llama(seed=0, vocab=16, dtype=torch.float64)
     SpeculativeDecoder(target=wide, drafter=NGramDrafter(), policy=ConstantLookahead(k=0)).generate(prompt, max_new_tokens=2)
     assert wide.lm_head.weight not in packed_linear._PACKED
