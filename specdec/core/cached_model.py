@@ -89,7 +89,8 @@ class CachedModel:
         if self.runner.packed_steps and (not state.packed_weights or too_big_to_pack(self.model)):
             copy_free_plan(self.model)  # timed (once per machine) now, as pack does
         self.runner.screened_steps = screens and bool(screened_head.prepare(self.model))
-        if leave and state.packed_weights and not self.runner.screened_steps:  # not screened on this machine: read in float32 after all
+        if leave and state.packed_weights and not self.runner.screened_steps:
+            # not screened on this machine: its verifies read the packed float32 copy after all
             pack(self.model, self.runner.matmul_precision)
         self.runner.screen_suppressed = state.screen_suppressed if self.runner.screened_steps else ()
         self.runner.screen_exact_from = state.screen_exact_from if self.runner.screened_steps else None

@@ -777,7 +777,8 @@ def copy_free_routes(weight: torch.Tensor) -> dict[int, str]:
     return copy_free_wins(measured(weight), measured_copy_free(weight))
 
 
-def copy_free_wins(torch_times: dict[int, tuple[float, ...]], copy_free: dict[int, tuple[float, float]]) -> dict[int, str]:
+def copy_free_wins(torch_times: dict[int, tuple[float, ...]],
+                   copy_free: dict[int, tuple[float, float]]) -> dict[int, str]:
     """From ``{rows: (torch's seconds, ...)}`` and ``{rows: (transposed seconds, oneDNN seconds)}``:
     each trial width of 2 or more rows whose faster copy-free route takes at most ``MARGIN`` of
     torch's time, with that route."""
