@@ -35,9 +35,9 @@ Reported: tokens/s, the speedup over ``target`` (median of paired repeats), acce
 target call (tau), the ideal and the share reached, peak device memory, and the share of rows
 identical to ``target``'s own output in the same dtype (half precision: batched matmuls of
 different shapes round differently, in transformers too; 100% is expected only in float32/64).
-Each row that differs is explained: at its first differing token the target is run once more on
-the shared prefix (batch 1, the same dtype), and the gap between its logits for the two tokens is
-printed; a gap within the dtype's rounding is a near-tie that a different matmul shape flips.
+Each row that differs is explained (``specdec.exactness``): at its first differing token the target
+is run once more on the shared prefix alone, in its dtype and in float64; a margin between the two
+tokens within the dtype's rounding there is a near-tie that a different matmul shape flips.
 Results are written to ``--out`` after every batch size, so a run cut short keeps what it finished.
 """
 
@@ -51,6 +51,7 @@ import sys
 import time
 from pathlib import Path
 
+import attrs
 import torch
 import transformers
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
@@ -59,6 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout
 
 from specdec import SpeculativeDecoder  # noqa: E402
 from specdec.drafters import ModelDrafter  # noqa: E402
+from specdec.exactness import explain_divergence, first_divergence  # noqa: E402
 from specdec.observers import PhaseTimes  # noqa: E402
 from specdec.policies import ConstantLookahead  # noqa: E402
 
@@ -251,24 +253,23 @@ def report_policy(policy, batch: int) -> None:
               f"resume {last['resume']}, first read {last['first_read']}", flush=True)
 
 
-@torch.no_grad()
 def explain_differences(target, rows: list[list[int]], reference: list[list[int]], most: int = 8) -> list[dict]:
-    """For each row that differs from the target's (at most ``most``), the first differing token and
-    the target's own logits for both candidates there, from one forward over the shared prefix at
-    batch 1: a gap within the dtype's rounding says a near-tie was flipped by a different shape."""
-    found = []
+    """For each row that differs from the target's (at most ``most``), ``specdec.exactness``'s
+    account of its first differing token: the target alone on the shared prefix, in its dtype and
+    in float64, and whether the margin between the two tokens is within the dtype's rounding there
+    (a near-tie that another matmul shape flips) or not (a wrong acceptance)."""
+    found, exact = [], None
     for index, (row, expected) in enumerate(zip(rows, reference)):
         if row == expected or len(found) >= most:
             continue
-        # Rows are left-padded alike (same prompt batch), so the first difference is in new tokens.
-        first = next(i for i, (a, b) in enumerate(zip(row, expected)) if a != b)
+        # Rows are left-padded alike (same prompt batch) and never end early (no eos here).
+        start = len(expected) - args.max_new_tokens
+        at, theirs, ours = first_divergence(expected[start:], row[start:])
         pads = next(i for i, t in enumerate(expected) if t != 0)  # left padding: prompts never draw id 0
-        prefix = expected[pads:first]
-        logits = target(input_ids=torch.tensor([prefix], device=device), logits_to_keep=1).logits[0, -1].float()
-        a, b = expected[first], row[first]
-        found.append(dict(row=index, position=first - (len(expected) - args.max_new_tokens), target_token=a,
-                          other_token=b, target_logit=logits[a].item(), other_logit=logits[b].item(),
-                          gap=(logits[a] - logits[b]).item()))
+        if exact is None:
+            exact = copy.deepcopy(target).to(torch.float64)
+        why = explain_divergence(target, expected[pads:start + at], theirs, ours, exact_target=exact)
+        found.append(dict(row=index, position=at, **attrs.asdict(why), near_tie=why.near_tie))
     return found
 
 
@@ -368,11 +369,11 @@ def main():
             print(f"{label:26s} {row['tokens_per_s']:9.1f} {speedup:6.2f}x [{min(paired):.2f}-{max(paired):.2f}] "
                   f"{fmt(accept, '6.0%')} {fmt(tau, '5.2f')} {fmt(ideal, '5.2f')} {fmt(row['of_ideal'], '8.0%')} "
                   f"{fmt(memory[label], '8.2f')} {fmt(row['identical'], '9.0%')}", flush=True)
-            for difference in row.get("differences", []):
-                print(f"    row {difference['row']}: first differs at new token {difference['position']} "
-                      f"({difference['target_token']} vs {difference['other_token']}); the target's logits for them "
-                      f"at batch 1: {difference['target_logit']:.4f} vs {difference['other_logit']:.4f} "
-                      f"(gap {difference['gap']:.4f})", flush=True)
+            for d in row.get("differences", []):
+                print(f"    row {d['row']}: first differs at new token {d['position']} ({d['reference_token']} vs "
+                      f"{d['other_token']}); the target alone there: margin {d['reference_margin']:.4f} "
+                      f"({d['reference_margin'] / d['ulp']:.0f} ulp), its dtype's rounding {d['rounding']:.4f}, float64 "
+                      f"margin {d['float64_margin']:+.4f} -> {'near-tie' if d['near_tie'] else 'NOT A NEAR-TIE'}", flush=True)
         if "specdec+cost-aware" in decoders:
             report_policy(decoders["specdec+cost-aware"].policy, batch)
         if "specdec+cost-aware+phases" in decoders:

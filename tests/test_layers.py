@@ -17,7 +17,7 @@ LAYERS = [
     {"plugins"},
     {"config"},
     {"decoding"},
-    {"training", "whisper", "bench", "audio", "convert", "prompts"},
+    {"training", "whisper", "bench", "audio", "convert", "prompts", "exactness"},
     {"cli"},
 ]
 LEVEL = {part: level for level, parts in enumerate(LAYERS) for part in parts}
