@@ -32,10 +32,14 @@ repeat (``step_costs``), so that the machine's slow spells fall on all of them a
 Exactness is reported as the share of rows identical to the target's own greedy output. In
 float64 it is 1 by construction; in float32 and half precision a (k+1)-token verification and a
 one-token step can round a near-tie differently, so a few rows may part (README, "What exact means").
+Each row that parts is explained at its first differing token (``exactness.explain_divergence``):
+a near-tie, within what the dtype's rounding moves there, or a token the target ranks clearly
+below its own, which is a wrong acceptance whatever the dtype (``BenchRow.wrong_tokens``).
 """
 
 from __future__ import annotations
 
+import copy
 import statistics
 import time
 from contextlib import nullcontext
@@ -51,6 +55,7 @@ from .core.models import cache_argument
 from .core.packed_linear import applies_to, packed_everywhere, packed_steps, packs_at
 from .core.types import token_id_list
 from .decoding import SpeculativeDecoder
+from .exactness import explain_divergence, first_divergence
 
 
 @attrs.define
@@ -80,6 +85,9 @@ class BenchRow:
     speedup_max: float | None = None
     identical_rows: float | None = None  # share of rows identical to the target's greedy output
     rows: int | None = None
+    near_ties: int | None = None  # rows that part from the target's at a near-tie (within the dtype's rounding)
+    wrong_tokens: int | None = None  # rows that part where the target's margin is beyond that: a bug
+    unexplained: str = ""  # why rows that part were not explained (a target too large to copy in float64)
     noise: bool = False  # the speedup is above the ideal: timing noise, not a result
     repeats: int = 0
 
@@ -295,6 +303,40 @@ def _identical(rows: list[list[int]], reference: list[list[int]]) -> float:
     return sum(r == b for r, b in zip(rows, reference)) / len(reference) if reference else 1.0
 
 
+# A float64 copy of the target explains rows that part from its own; above this size (8 GiB in
+# float64) it is not made, and the rows are counted but not explained.
+MAX_EXPLAINED_PARAMETERS = 2**30
+
+
+@attrs.define
+class _Explainer:
+    """Explains rows that part from the target's (``exactness``), with one float64 copy of the
+    target made when the first row needs it."""
+
+    target: object
+    prompts: list[list[int]]  # each row's prompt tokens, unpadded, in the order of the rows
+    eos: list[int]
+    _exact: object = attrs.field(default=None, init=False)
+
+    def __call__(self, rows: list[list[int]], reference: list[list[int]]) -> dict:
+        parted = [(i, divergence) for i, (row, theirs) in enumerate(zip(rows, reference))
+                  if (divergence := first_divergence(theirs, row, self.eos)) is not None]
+        if not parted:
+            return {}
+        size = sum(p.numel() for p in self.target.parameters())
+        if size > MAX_EXPLAINED_PARAMETERS:
+            return dict(unexplained=f"not explained: a float64 copy of the {size / 1e9:.1f}B-parameter target "
+                                    f"would take {size * 8 / 2**30:.0f} GiB (specdec.exactness explains a row)")
+        if self._exact is None:
+            self._exact = copy.deepcopy(self.target).to(torch.float64)
+        near = 0
+        for i, (at, theirs, ours) in parted:
+            why = explain_divergence(self.target, self.prompts[i] + reference[i][:at], theirs, ours,
+                                     exact_target=self._exact)
+            near += why.near_tie
+        return dict(near_ties=near, wrong_tokens=len(parted) - near)
+
+
 def _spread(values: list[float]) -> tuple[float, float, float]:
     return statistics.median(values), min(values), max(values)
 
@@ -333,6 +375,7 @@ def run_bench(
         batches = [prompts[i : i + batch_size] for i in range(0, len(prompts), batch_size)]
         encoded = [tokenizer(b, return_tensors="pt", padding=True) for b in batches]
         singles = [tokenizer([p], return_tensors="pt") for p in prompts]
+        explain = _Explainer(target, [single["input_ids"][0].tolist() for single in singles], eos)
 
         def target_alone(i):
             out = target.generate(**encoded[i], pad_token_id=pad, **generate_kwargs)
@@ -420,7 +463,8 @@ def run_bench(
                                     note="generate on specdec's packed layers", seconds_min=p["seconds_min"],
                                     seconds_max=p["seconds_max"], speedup_min=low, speedup_max=high,
                                     identical_rows=identical, exact=None if identical is None else identical == 1.0,
-                                    rows=len(packed_base.rows), repeats=p["repeats"]))
+                                    rows=len(packed_base.rows), repeats=p["repeats"],
+                                    **({} if sampling else explain(packed_base.rows, base.rows))))
         note = "" if batch_size == 1 else "row by row: transformers refuses batch > 1"
         for contender in assisted_by_setting.values():
             a = summary(contender)
@@ -474,6 +518,7 @@ def run_bench(
                     rows=len(contender.rows),
                     noise=bool(ideal) and speedup > ideal,
                     repeats=s["repeats"],
+                    **({} if sampling else explain(contender.rows, base.rows)),
                 )
             )
     return results

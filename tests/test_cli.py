@@ -187,6 +187,34 @@ class TestBench:
         assisted_b2 = [r for r in payload["results"] if r["batch_size"] == 2 and r["method"].startswith("transformers")]
         assert assisted_b2 and all("row by row" in r["note"] for r in assisted_b2)
 
+    def test_bench_fails_a_wrong_acceptance_in_any_dtype(self, pair, tmp_path, monkeypatch):
+        """A verifier that keeps every draft parts from the target at tokens it ranks far below its
+        own: in float32, where a near-tie would be forgiven, that is reported as a bug and exits 1."""
+        from specdec.core.types import Verdict
+        from specdec.verifiers import greedy
+
+        honest = greedy.greedy_verdict
+
+        def keep_every_draft(draft, scores):
+            if draft.width == 0:
+                return honest(draft, scores)
+            accepted = draft.lengths.clone()
+            return Verdict(accepted=accepted, next_token=scores.argmax(-1).gather(1, accepted[:, None])[:, 0],
+                           target_probs=torch.ones(accepted.shape))
+
+        monkeypatch.setattr(greedy, "greedy_verdict", keep_every_draft)
+        out = tmp_path / "bench.json"
+        result = runner.invoke(
+            app,
+            ["bench", "-c", str(pair), "--batch-sizes", "2", "--num-prompts", "4", "--max-new-tokens", "12",
+             "--repeats", "1", "--warmup", "0", "--drafters", "model", "--no-assisted", "--out", str(out)],
+        )
+        assert result.exit_code == 1, result.output
+        assert "a wrong acceptance" in result.stderr
+        row = next(r for r in json.loads(out.read_text())["results"] if r["method"].startswith("specdec"))
+        assert row["identical_rows"] < 1 and row["wrong_tokens"] >= 1
+        assert row["near_ties"] + row["wrong_tokens"] == round((1 - row["identical_rows"]) * row["rows"])
+
     def test_policies_that_run_the_same_assisted_setting_share_its_contender(self, pair, tmp_path):
         """cost-aware has no k of its own: assisted generation runs at k = 5 for it, as for constant
         k = 5, so one contender, labelled with that setting, is timed once and compared with both."""
