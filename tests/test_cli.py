@@ -190,17 +190,9 @@ class TestBench:
     def test_bench_fails_a_wrong_acceptance_in_any_dtype(self, pair, tmp_path, monkeypatch):
         """A verifier that keeps every draft parts from the target at tokens it ranks far below its
         own: in float32, where a near-tie would be forgiven, that is reported as a bug and exits 1."""
-        from specdec.core.types import Verdict
         from specdec.verifiers import greedy
 
-        honest = greedy.greedy_verdict
-
-        def keep_every_draft(draft, scores):
-            if draft.width == 0:
-                return honest(draft, scores)
-            accepted = draft.lengths.clone()
-            return Verdict(accepted=accepted, next_token=scores.argmax(-1).gather(1, accepted[:, None])[:, 0],
-                           target_probs=torch.ones(accepted.shape))
+        from .test_half_precision import keep_every_draft
 
         monkeypatch.setattr(greedy, "greedy_verdict", keep_every_draft)
         out = tmp_path / "bench.json"

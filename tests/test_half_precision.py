@@ -22,6 +22,7 @@ from specdec.drafters import ModelDrafter, NGramDrafter
 from specdec.exactness import explain_divergence, first_divergence, spacing
 from specdec.policies import ConstantLookahead
 from specdec.verifiers import GreedyVerifier
+from specdec.verifiers.greedy import greedy_verdict
 
 from .tiny_whisper import features, tiny_whisper
 
@@ -47,17 +48,21 @@ def _batches(tokenizer, prompts, batch_size):
         yield tokenizer(prompts[first:first + batch_size], return_tensors="pt", padding=True)
 
 
+def keep_every_draft(draft, scores) -> Verdict:
+    """A broken greedy verdict: every draft kept, whatever the target says."""
+    if draft.width == 0:
+        return greedy_verdict(draft, scores)
+    accepted = draft.lengths.clone()
+    return Verdict(accepted=accepted, next_token=scores.argmax(-1).gather(1, accepted[:, None])[:, 0],
+                   target_probs=torch.ones(accepted.shape))
+
+
 @attrs.define(eq=False)
 class AcceptEverything(GreedyVerifier):
     """A broken verifier: keeps every draft whatever the target says."""
 
     def verify(self, state, draft, scores):
-        width = draft.width
-        if width == 0:
-            return super().verify(state, draft, scores)
-        accepted = draft.lengths.clone()
-        next_token = scores.argmax(-1).gather(1, accepted[:, None])[:, 0]
-        return Verdict(accepted=accepted, next_token=next_token, target_probs=torch.ones(accepted.shape))
+        return keep_every_draft(draft, scores)
 
 
 def _divergences(tokenizer, target, decoder, prompts, batch_size, max_new_tokens):
