@@ -12,7 +12,8 @@ For each config (the bundled pair's ``plugins.toml``, SmolLM2's shipped head, wh
 * ``generate`` at that batch size, with its own logits (``output_logits``), is the reference;
 * ``generate`` at batch 1 is the control: how often Transformers' own rows change with the batch
   size, i.e. with the shape of its matmuls, with no speculation involved;
-* specdec, the config as shipped with only ``[target] dtype`` changed.
+* specdec, the config as shipped with only ``[target] dtype`` changed (and with ``--static`` its
+  cache: static shapes, whose steps attend over the cache's whole capacity).
 
 At the first token where a specdec row leaves the reference, the script reads the target on the
 shared prefix twice more, alone (batch 1, one forward of the whole prefix): in float64 (what the
@@ -74,7 +75,8 @@ class Model:
 
     def __init__(self, name: str, dtype: torch.dtype, device: torch.device, cases_wanted: int, args):
         config = SpecdecConfig.from_toml(CONFIGS[name])
-        self.config = attrs.evolve(config, target={**config.target, "dtype": str(dtype).removeprefix("torch.")})
+        changed = {"dtype": str(dtype).removeprefix("torch."), **({"cache": "static"} if args.static else {})}
+        self.config = attrs.evolve(config, target={**config.target, **changed})
         self.name, self.dtype, self.device, self.args = name, dtype, device, args
         self.whisper = name == "whisper"
         self.target, self.tokenizer = self.config.load_target()
@@ -173,6 +175,7 @@ class Model:
 def run(model: Model, batch_size: int, solo: dict[str, list[int]] | None) -> dict:
     """One (config, dtype, batch size): the shares and every difference, per row."""
     result = dict(model=model.name, dtype=str(model.dtype).removeprefix("torch."), batch_size=batch_size,
+                  static=model.config.static_cache,
                   rows=0, identical=0, generate_as_alone=0, specdec_as_alone=0, differences=[], seconds={})
     new_tokens: dict[str, list[int]] = {}
     timing = {"generate": 0.0, "specdec": 0.0}
@@ -215,6 +218,8 @@ def main() -> int:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--audio-dir", type=Path, default=Path("/tmp/speech-eval"))
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--static", action="store_true",
+                        help="specdec on static shapes ([target] cache = \"static\"), as an accelerator runs it")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     transformers.logging.set_verbosity_error()  # generate's notes on Whisper's flags, once per call
