@@ -43,7 +43,7 @@ class Divergence:
 
     Two paths part where each rounds the margin its own way: the reference's margin is at most the
     sum of the two paths' errors, each about what the lone read measures. So a near-tie is a
-    reference margin of at most twice ``rounding``, plus one ulp. (With once ``rounding``, 1 of 78
+    reference margin of at most twice ``rounding``, plus one ulp. (With once ``rounding``, 1 of 85
     near-ties measured on trained models came within 2% of the line; at twice, none is above 0.59
     of it, while a wrong acceptance lies tens of times beyond: docs/benchmarks.md, stop 66.)
     """
