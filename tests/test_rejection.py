@@ -277,6 +277,24 @@ class TestSampledDistribution:
         expected = [exact_continuations(target32, prompt, NEW_TOKENS, sampling) for prompt in MIXED_BATCH]
         assert chi_square(samples, expected) > PASS_P
 
+    @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
+    def test_a_half_precision_pair_matches_the_targets_own_half_precision_sampling(self, target, draft, dtype):
+        """Both models in half precision, as loaded: their logits leave every forward in that dtype,
+        and the softmax, the warpers and the acceptance test run in float32 (issue 17). The
+        continuations follow the target's own sampling in the same dtype, as closely as this
+        statistic sees: a verify rounds its logits otherwise than a one-token step, by far less."""
+        target_half, draft_half = copy.deepcopy(target).to(dtype), copy.deepcopy(draft).to(dtype)
+        sampling = SETTINGS["temperature 0.8, top-k 5, top-p 0.9"]
+        samples, stats = sample_continuations(speculative(target_half, ModelDrafter(draft_half)), MIXED_BATCH, 700, sampling)
+        assert 0.2 < stats.acceptance_rate < 0.9
+        assert target_half.dtype == draft_half.dtype == dtype  # nothing widened the models
+        expected = [exact_continuations(target_half, prompt, NEW_TOKENS, sampling) for prompt in MIXED_BATCH]
+        assert chi_square(samples, expected) > PASS_P
+        # ... and in half precision the statistic still catches a wrong residual.
+        wrong, _ = sample_continuations(speculative(target_half, ModelDrafter(draft_half), WrongResidual()),
+                                        MIXED_BATCH, 700, sampling)
+        assert chi_square(wrong, expected) < FAIL_P
+
     def test_ngram_drafts_match_target(self, target):
         """One-hot q: prompt-lookup drafts under sampling keep the target's distribution."""
         prompts = [[1, 2, 3, 1, 2], [4, 5, 4, 5, 4], [3, 3, 3]]
