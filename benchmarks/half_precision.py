@@ -26,6 +26,9 @@ against one-token steps). A margin far outside it would be a wrong acceptance: a
     OMP_NUM_THREADS=2 python benchmarks/half_precision.py --models pair,smollm2,whisper \\
         --dtypes bfloat16,float16 --batch-sizes 1,4 --prompts 16 --json /tmp/half.json
 
+It ends with the Markdown table of docs/benchmarks.md (``--summary F`` prints it again from a
+``--json`` file) and exits 1 if a row parted at anything but a near-tie.
+
 SmolLM2 needs ``specdec models fetch smollm2-135m-instruct``, whisper-base ``specdec models fetch
 whisper-base`` and ``--audio-dir`` (``benchmarks/build_speech_eval.py``); a model that is absent
 is skipped with the command that fetches it.
@@ -51,7 +54,7 @@ sys.path.insert(0, str(ROOT))
 from specdec import SpeculativeDecoder  # noqa: E402
 from specdec.config import SpecdecConfig  # noqa: E402
 from specdec.errors import ConfigError  # noqa: E402
-from specdec.exactness import explain_divergence, first_divergence  # noqa: E402
+from specdec.exactness import Divergence, explain_divergence, first_divergence  # noqa: E402
 from specdec.core.packed_linear import cpu_name  # noqa: E402
 
 CONFIGS = {
@@ -221,7 +224,10 @@ def main() -> int:
     parser.add_argument("--static", action="store_true",
                         help="specdec on static shapes ([target] cache = \"static\"), as an accelerator runs it")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--summary", type=Path, default=None, help="only print the table of a --json file written before")
     args = parser.parse_args()
+    if args.summary:
+        return summarise(json.loads(args.summary.read_text()))
     transformers.logging.set_verbosity_error()  # generate's notes on Whisper's flags, once per call
     device = torch.device(args.device)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
@@ -248,6 +254,36 @@ def main() -> int:
                 report(result)
                 if args.json:
                     args.json.write_text(json.dumps(results, indent=1) + "\n")
+    return summarise(results)
+
+
+def summarise(results: list[dict]) -> int:
+    """The Markdown table of docs/benchmarks.md (stop 66), totals per dtype, and whether every row
+    that parted did so at a near-tie, judged by the current rule (``Divergence.near_tie``) from the
+    numbers kept: 1 if one did not."""
+    fields = attrs.fields_dict(Divergence)
+    print("\n| model | dtype | batch | specdec = generate | generate = its batch-1 rows | specdec = generate's "
+          "batch-1 rows | rows that part | near-ties | generate's margin (ulp) | float64 sides with generate |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---|---:|")
+    parted, totals = [], {}
+    for r in results:
+        found = [Divergence(**{k: d[k] for k in fields}) for d in r["differences"]]
+        parted += found
+        n, first = r["rows"], r["batch_size"] == 1
+        done, rows = totals.get(r["dtype"], (0, 0))
+        totals[r["dtype"]] = (done + r["identical"], rows + n)
+        margins = ", ".join(str(round(d.reference_margin / d.ulp)) for d in sorted(found, key=lambda d: d.reference_margin / d.ulp))
+        alone = ("-", "-") if first else (f"{r['generate_as_alone']}/{n}", f"{r['specdec_as_alone']}/{n}")
+        sides = sum(d.float64_agrees_with_reference for d in found) if found else "-"
+        print(f"| {r['model']} | {r['dtype']} | {r['batch_size']} | {r['identical']}/{n} | {alone[0]} | {alone[1]} | "
+              f"{len(found)} | {sum(d.near_tie for d in found)} | {margins or '-'} | {sides} |")
+    print("\n" + "; ".join(f"{dtype}: {done}/{rows} identical" for dtype, (done, rows) in totals.items()))
+    if parted:
+        line = max(d.reference_margin / (2 * d.rounding + d.ulp) for d in parted)
+        near = sum(d.near_tie for d in parted)
+        print(f"{len(parted)} rows parted, {near} at near-ties (margins at most {line:.2f} of the near-tie line); "
+              f"float64 sided with generate in {sum(d.float64_agrees_with_reference for d in parted)}")
+        return 0 if near == len(parted) else 1
     return 0
 
 
