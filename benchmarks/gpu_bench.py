@@ -60,7 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout
 
 from specdec import SpeculativeDecoder  # noqa: E402
 from specdec.drafters import ModelDrafter  # noqa: E402
-from specdec.exactness import explain_divergence, first_divergence  # noqa: E402
+from specdec.exactness import Explainer, first_divergence  # noqa: E402
 from specdec.observers import PhaseTimes  # noqa: E402
 from specdec.policies import ConstantLookahead  # noqa: E402
 
@@ -258,7 +258,7 @@ def explain_differences(target, rows: list[list[int]], reference: list[list[int]
     account of its first differing token: the target alone on the shared prefix, in its dtype and
     in float64, and whether the margin between the two tokens is within the dtype's rounding there
     (a near-tie that another matmul shape flips) or not (a wrong acceptance)."""
-    found, exact = [], None
+    found, explain = [], Explainer(target)
     for index, (row, expected) in enumerate(zip(rows, reference)):
         if row == expected or len(found) >= most:
             continue
@@ -266,9 +266,7 @@ def explain_differences(target, rows: list[list[int]], reference: list[list[int]
         start = len(expected) - args.max_new_tokens
         at, theirs, ours = first_divergence(expected[start:], row[start:])
         pads = next(i for i, t in enumerate(expected) if t != 0)  # left padding: prompts never draw id 0
-        if exact is None:
-            exact = copy.deepcopy(target).to(torch.float64)
-        why = explain_divergence(target, expected[pads:start + at], theirs, ours, exact_target=exact)
+        why = explain(expected[pads:start + at], theirs, ours)
         found.append(dict(row=index, position=at, **attrs.asdict(why), near_tie=why.near_tie))
     return found
 

@@ -37,7 +37,6 @@ is skipped with the command that fetches it.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import sys
 import time
@@ -54,7 +53,7 @@ sys.path.insert(0, str(ROOT))
 from specdec import SpeculativeDecoder  # noqa: E402
 from specdec.config import SpecdecConfig  # noqa: E402
 from specdec.errors import ConfigError  # noqa: E402
-from specdec.exactness import Divergence, explain_divergence, first_divergence  # noqa: E402
+from specdec.exactness import Divergence, Explainer, first_divergence  # noqa: E402
 from specdec.core.packed_linear import cpu_name  # noqa: E402
 
 CONFIGS = {
@@ -84,7 +83,7 @@ class Model:
         self.whisper = name == "whisper"
         self.target, self.tokenizer = self.config.load_target()
         self.target.to(device).eval()
-        self._exact = None
+        self._explain = Explainer(self.target)
         self.eos = self.target.generation_config.eos_token_id
         if self.whisper:
             from specdec.whisper import WhisperSpeculativeDecoder
@@ -166,13 +165,10 @@ class Model:
         return list(self.tokenizer(case.inputs["text"], add_special_tokens=self.name == "pair")["input_ids"])
 
     def explain(self, case: Case, prefix: list[int], theirs: int, ours: int, margin: float):
-        """``explain_divergence`` with the float64 copy of the target made once, when a difference
+        """``exactness.Explainer``: the float64 copy of the target made once, when a difference
         first needs it: the same (rounded) weights, read in exact arithmetic."""
-        if self._exact is None:
-            self._exact = copy.deepcopy(self.target).to(torch.float64)
         inputs = {"input_features": case.inputs["features"][None]} if self.whisper else {}
-        return explain_divergence(self.target, prefix, theirs, ours, reference_margin=margin,
-                                  exact_target=self._exact, **inputs)
+        return self._explain(prefix, theirs, ours, reference_margin=margin, **inputs)
 
 
 def run(model: Model, batch_size: int, solo: dict[str, list[int]] | None) -> dict:

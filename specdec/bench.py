@@ -39,7 +39,6 @@ below its own, which is a wrong acceptance whatever the dtype (``BenchRow.wrong_
 
 from __future__ import annotations
 
-import copy
 import statistics
 import time
 from contextlib import nullcontext
@@ -55,7 +54,7 @@ from .core.models import cache_argument
 from .core.packed_linear import applies_to, packed_everywhere, packed_steps, packs_at
 from .core.types import token_id_list
 from .decoding import SpeculativeDecoder
-from .exactness import explain_divergence, first_divergence
+from .exactness import Explainer, first_divergence
 
 
 @attrs.define
@@ -309,31 +308,25 @@ MAX_EXPLAINED_PARAMETERS = 2**30
 
 
 @attrs.define
-class _Explainer:
-    """Explains rows that part from the target's (``exactness``), with one float64 copy of the
-    target made when the first row needs it."""
+class _RowsExplainer:
+    """Explains the rows that part from the target's (``exactness.Explainer``: one float64 copy of
+    the target, made when the first row needs it)."""
 
-    target: object
+    explain: Explainer
     prompts: list[list[int]]  # each row's prompt tokens, unpadded, in the order of the rows
     eos: list[int]
-    _exact: object = attrs.field(default=None, init=False)
 
     def __call__(self, rows: list[list[int]], reference: list[list[int]]) -> dict:
         parted = [(i, divergence) for i, (row, theirs) in enumerate(zip(rows, reference))
                   if (divergence := first_divergence(theirs, row, self.eos)) is not None]
         if not parted:
             return {}
-        size = sum(p.numel() for p in self.target.parameters())
+        size = sum(p.numel() for p in self.explain.target.parameters())
         if size > MAX_EXPLAINED_PARAMETERS:
             return dict(unexplained=f"not explained: a float64 copy of the {size / 1e9:.1f}B-parameter target "
                                     f"would take {size * 8 / 2**30:.0f} GiB (specdec.exactness explains a row)")
-        if self._exact is None:
-            self._exact = copy.deepcopy(self.target).to(torch.float64)
-        near = 0
-        for i, (at, theirs, ours) in parted:
-            why = explain_divergence(self.target, self.prompts[i] + reference[i][:at], theirs, ours,
-                                     exact_target=self._exact)
-            near += why.near_tie
+        near = sum(self.explain(self.prompts[i] + reference[i][:at], theirs, ours).near_tie
+                   for i, (at, theirs, ours) in parted)
         return dict(near_ties=near, wrong_tokens=len(parted) - near)
 
 
@@ -375,7 +368,7 @@ def run_bench(
         batches = [prompts[i : i + batch_size] for i in range(0, len(prompts), batch_size)]
         encoded = [tokenizer(b, return_tensors="pt", padding=True) for b in batches]
         singles = [tokenizer([p], return_tensors="pt") for p in prompts]
-        explain = _Explainer(target, [single["input_ids"][0].tolist() for single in singles], eos)
+        explain = _RowsExplainer(Explainer(target), [single["input_ids"][0].tolist() for single in singles], eos)
 
         def target_alone(i):
             out = target.generate(**encoded[i], pad_token_id=pad, **generate_kwargs)

@@ -104,8 +104,8 @@ def explain_divergence(target, prefix: list[int], reference_token: int, other_to
 
     ``prefix`` is the row's tokens without padding (an encoder-decoder model's decoder tokens, its
     encoder inputs in ``inputs``, e.g. ``input_features=``). ``exact_target`` is a float64 copy of
-    ``target`` to reuse across calls; without it one is made (on the target's device: for a large
-    model, pass one on the CPU).
+    ``target`` to reuse across calls (``Explainer`` keeps one); without it one is made (on the
+    target's device: for a large model, pass one on the CPU).
     """
     if exact_target is None:
         exact_target = copy.deepcopy(target).to(torch.float64)
@@ -117,6 +117,22 @@ def explain_divergence(target, prefix: list[int], reference_token: int, other_to
     return Divergence(reference_token=reference_token, other_token=other_token, reference_margin=reference_margin,
                       rounding=float((own - exact).abs().sum()), ulp=spacing(target.dtype, float(exact[0])),
                       float64_margin=float(exact[0] - exact[1]), logit=float(exact[0]))
+
+
+@attrs.define
+class Explainer:
+    """``explain_divergence`` for one target over many rows: its float64 copy is made when the
+    first row needs it and kept (a copy per row would cost a model's worth of memory each time)."""
+
+    target: object
+    _exact: object = attrs.field(default=None, init=False)
+
+    def __call__(self, prefix: list[int], reference_token: int, other_token: int, *,
+                 reference_margin: float | None = None, **inputs) -> Divergence:
+        if self._exact is None:
+            self._exact = copy.deepcopy(self.target).to(torch.float64)
+        return explain_divergence(self.target, prefix, reference_token, other_token,
+                                  reference_margin=reference_margin, exact_target=self._exact, **inputs)
 
 
 def _last_logits(model, prefix: list[int], inputs: dict) -> torch.Tensor:

@@ -8,9 +8,9 @@ dtype's rounding can reverse (``specdec.exactness``); and that check does catch 
 
 from __future__ import annotations
 
-import copy
 import functools
 import json
+import types
 
 import attrs
 import pytest
@@ -19,7 +19,7 @@ import torch
 from specdec import SpeculativeDecoder, bundled_pair_path
 from specdec.core.types import Verdict
 from specdec.drafters import ModelDrafter, NGramDrafter
-from specdec.exactness import explain_divergence, first_divergence, spacing
+from specdec.exactness import Explainer, explain_divergence, first_divergence, spacing
 from specdec.policies import ConstantLookahead
 from specdec.verifiers import GreedyVerifier
 from specdec.verifiers.greedy import greedy_verdict
@@ -68,7 +68,7 @@ class AcceptEverything(GreedyVerifier):
 def _divergences(tokenizer, target, decoder, prompts, batch_size, max_new_tokens):
     """How many rows ``decoder`` decoded, and each row's first divergence from ``generate`` at
     ``batch_size``, explained (``explain_divergence``, with ``generate``'s own margin)."""
-    found, rows, exact = [], 0, None
+    found, rows, explain = [], 0, Explainer(target)
     eos = target.generation_config.eos_token_id
     for batch in _batches(tokenizer, prompts, batch_size):
         width = batch["input_ids"].shape[1]
@@ -81,12 +81,9 @@ def _divergences(tokenizer, target, decoder, prompts, batch_size, max_new_tokens
             if divergence is None:
                 continue
             at, their_token, our_token = divergence
-            if exact is None:
-                exact = copy.deepcopy(target).to(torch.float64)
             prompt = batch["input_ids"][r][batch["attention_mask"][r].bool()].tolist()
             margin = float(reference.logits[at][r, their_token].float() - reference.logits[at][r, our_token].float())
-            found.append(explain_divergence(target, prompt + theirs[:at], their_token, our_token,
-                                            reference_margin=margin, exact_target=exact))
+            found.append(explain(prompt + theirs[:at], their_token, our_token, reference_margin=margin))
     return found, rows
 
 
@@ -172,3 +169,26 @@ def test_explain_divergence_reads_an_encoder_decoder_target_with_its_encoder_inp
     assert why.reference_margin == pytest.approx(why.float64_margin, rel=1e-4)
     assert why.reference_margin == pytest.approx(float(logits[best] - logits[worst]), rel=1e-5)
     assert target.dtype == torch.float32  # the float64 copy is the function's own, not the caller's model
+
+
+def test_spacing_refuses_a_dtype_without_one():
+    with pytest.raises(ValueError, match="torch.int64 is not a floating-point dtype"):
+        spacing(torch.int64, 3.0)
+
+
+def test_an_explainer_reads_each_row_as_explain_divergence_does_with_one_float64_copy(monkeypatch):
+    """Rows after the first reuse the float64 copy: one model's worth of memory, not one per row."""
+    from specdec import exactness
+
+    from .conftest import tiny_llama
+
+    target = tiny_llama(0, vocab=32, dtype=torch.bfloat16)
+    prefixes = [[3, 7, 9], [4, 4, 12, 30, 1]]
+    expected = [explain_divergence(target, prefix, 5, 6) for prefix in prefixes]
+    copies = []
+    made = exactness.copy.deepcopy
+    monkeypatch.setattr(exactness, "copy", types.SimpleNamespace(deepcopy=lambda model: copies.append(model) or made(model)))
+    explain = Explainer(target)
+    assert [explain(prefix, 5, 6) for prefix in prefixes] == expected
+    assert copies == [target]
+    assert target.dtype == torch.bfloat16
