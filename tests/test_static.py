@@ -316,6 +316,27 @@ class TestCompiledSteps:
         assert torch.equal(out.sequences, greedy_reference(target, ids, mask, 12, eos_token_id=None))
         assert "_specdec_compiled_forward" in draft.__dict__ and "_specdec_compiled_forward" not in target.__dict__
 
+    def test_every_compiled_step_is_one_graph_and_the_next_request_compiles_nothing(self):
+        """``compile="all"``: each step of both models compiles whole (on a GPU a graph break splits
+        its CUDA graph and puts Python between the parts), and a second request, decoding into the
+        first one's static caches, finds every graph made (on a GPU: replays, records nothing)."""
+        from torch._dynamo.utils import counters
+
+        target = copy.deepcopy(tiny_model("llama"))  # compiling leaves its forward on the model
+        draft = perturbed_copy(tiny_model("llama"), 0.15)
+        ids, mask = left_padded_prompts([6])  # the shapes of the test above: inductor's cache serves its draft graphs
+        decoder = SpeculativeDecoder(target=target, drafter=ModelDrafter(draft), policy=ConstantLookahead(k=3),
+                                     static_cache=True, compile="all")
+        reference = greedy_reference(target, ids, mask, 12, eos_token_id=None)
+        counters.clear()
+        first = decoder.generate(ids, attention_mask=mask, max_new_tokens=12, eos_token_id=None).sequences
+        assert dict(counters["graph_break"]) == {}
+        assert counters["stats"]["unique_graphs"] >= 2  # the target's verify and the draft's step at least
+        counters.clear()
+        second = decoder.generate(ids, attention_mask=mask, max_new_tokens=12, eos_token_id=None).sequences
+        assert counters["stats"]["unique_graphs"] == 0
+        assert torch.equal(first, reference) and torch.equal(second, reference)
+
     @pytest.mark.parametrize("options, message", [
         (dict(compile="draft"), "needs static_cache=True"),
         (dict(compile="yes", static_cache=True), "compile must be one of 'none', 'draft', 'all'"),
