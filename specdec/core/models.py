@@ -436,13 +436,14 @@ class CausalLMRunner:
         one_token = input_ids.shape[1] == 1
         branches = None if siblings is None else tree_branches(input_ids.shape[1], siblings, input_ids.device)
         if self.layout.counts_positions or branches is not None or slots.attends and (
-                slots.static or _prepares_masks(self, input_ids.device)):
+                slots.static and self.prepares_masks_off_cpu or _prepares_masks(self, input_ids.device)):
             attention_mask = self.layout.masks(slots.slot_mask, slots.positions, position_ids, self.model.dtype,
                                                first_query_slot=slots.length - input_ids.shape[1],
                                                prompt_lengths=slots.prompt_lengths, branches=branches)
         elif not slots.attends:
             attention_mask = valid.long()
-        elif one_token and (not slots.holes or input_ids.device.type == "cpu" and bool(slots.slot_mask.all())):
+        elif one_token and not slots.static and (
+                not slots.holes or input_ids.device.type == "cpu" and bool(slots.slot_mask.all())):
             # A plain step over a cache without holes attends to every slot: no mask, as generate
             # passes none without padding (transformers would check the 2D mask and drop it anyway).
             attention_mask = None
