@@ -192,3 +192,24 @@ def test_an_explainer_reads_each_row_as_explain_divergence_does_with_one_float64
     assert [explain(prefix, 5, 6) for prefix in prefixes] == expected
     assert copies == [target]
     assert target.dtype == torch.bfloat16
+
+
+def test_a_lucky_read_of_the_two_logits_does_not_shrink_the_rounding(monkeypatch):
+    """A lone read may round the two tokens' logits almost exactly while every neighbour moves by
+    0.02: the rounding is judged from the neighbours too, so a 2-ulp margin there is a near-tie,
+    and a token 2.5 logits down is still a wrong one."""
+    from specdec import exactness
+
+    from .conftest import tiny_llama
+
+    exact = torch.linspace(-4.0, 7.0, 64, dtype=torch.float64)
+    exact[10], exact[11], exact[12] = 7.5, 7.5 - 0.0625, 5.0
+    own = exact + 0.02 * torch.tensor([(-1) ** i for i in range(64)], dtype=torch.float64)
+    own[10:13] = exact[10:13]  # the lucky read: no error on the candidates
+    target = tiny_llama(0, vocab=64, dtype=torch.bfloat16)
+    monkeypatch.setattr(exactness, "_last_logits", lambda model, prefix, inputs: own if model is target else exact)
+    why = exactness.Explainer(target)
+    close = why([1, 2], 10, 11, reference_margin=0.0625)
+    assert close.rounding == pytest.approx(0.04) and close.ulp == 0.03125
+    assert close.near_tie
+    assert not why([1, 2], 10, 12, reference_margin=2.5).near_tie
