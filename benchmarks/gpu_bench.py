@@ -54,6 +54,7 @@ from pathlib import Path
 import attrs
 import torch
 import transformers
+from torch._dynamo.utils import counters
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's specdec, not an installed copy
@@ -318,10 +319,21 @@ def main():
             runs[label] = run
         samples = {label: [] for label in runs}
         outputs, memory = {}, {}
+        # Graphs compiled and CUDA graphs skipped, per contender: at warm-up, and during the timed
+        # repeats (where any is a recompile or a re-recording that the timing pays for).
+        compiled = {label: [0, 0, 0] for label in runs}  # graphs at warm-up, graphs timed, cudagraph skips
+
+        def counted(label, call, timed):
+            graphs, skips = counters["stats"]["unique_graphs"], counters["inductor"]["cudagraph_skips"]
+            result = call()
+            compiled[label][1 if timed else 0] += counters["stats"]["unique_graphs"] - graphs
+            compiled[label][2] += counters["inductor"]["cudagraph_skips"] - skips
+            return result
+
         for label, run in runs.items():  # one untimed call: warm-up, compilation, peak memory
             if cuda:
                 torch.cuda.reset_peak_memory_stats(device)
-            outputs[label] = run()
+            outputs[label] = counted(label, run, timed=False)
             sync()
             memory[label] = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None
         order = list(runs)
@@ -330,7 +342,7 @@ def main():
             for label in order[shift:] + order[:shift]:
                 sync()
                 start = time.perf_counter()
-                outputs[label] = runs[label]()
+                outputs[label] = counted(label, runs[label], timed=True)
                 sync()
                 samples[label].append(time.perf_counter() - start)
         tokens = len(rows) * args.max_new_tokens
@@ -358,7 +370,9 @@ def main():
                 row_steps = sum(o.stats.row_steps for o in outs)
                 tau, k_mean = tokens / row_steps, drafted / row_steps
                 ideal = tau / (k_mean * c + 1)
-            row.update(acceptance=accept, tau=tau, ideal=ideal, of_ideal=speedup / ideal if ideal else None)
+            row.update(acceptance=accept, tau=tau, ideal=ideal, of_ideal=speedup / ideal if ideal else None,
+                       graphs_at_warmup=compiled[label][0], graphs_timed=compiled[label][1],
+                       cudagraph_skips=compiled[label][2])
             results.append(row)
 
             def fmt(value, spec):
@@ -372,6 +386,10 @@ def main():
                       f"{d['other_token']}); the target alone there: margin {d['reference_margin']:.4f} "
                       f"({d['reference_margin'] / d['ulp']:.0f} ulp), its dtype's rounding {d['rounding']:.4f}, float64 "
                       f"margin {d['float64_margin']:+.4f} -> {'near-tie' if d['near_tie'] else 'NOT A NEAR-TIE'}", flush=True)
+        for label, (warm, timed, skips) in compiled.items():
+            if warm or timed or skips:
+                print(f"    {label}: {warm} graph(s) compiled at warm-up, {timed} during the timed repeats"
+                      f"{' (recompiled: the timing pays for it)' if timed else ''}; {skips} CUDA graph skip(s)", flush=True)
         if "specdec+cost-aware" in decoders:
             report_policy(decoders["specdec+cost-aware"].policy, batch)
         if "specdec+cost-aware+phases" in decoders:
