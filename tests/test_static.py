@@ -339,6 +339,31 @@ class TestCompiledSteps:
         assert counters["stats"]["unique_graphs"] == 0
         assert torch.equal(first, reference) and torch.equal(second, reference)
 
+    def test_whisper_steps_compile_whole_with_a_shared_encoder_draft(self, monkeypatch):
+        """An encoder-decoder target's decoder steps compile too (``compile="all"``), as does the
+        draft that reads its encoder: exact, one graph per step, nothing new on the next request.
+        Dynamo's capture is what is checked; inductor's code generation, which the Llama test above
+        runs, is left out (``backend="eager"``): it would take half a minute on two cores."""
+        from torch._dynamo.utils import counters
+
+        monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+
+        target = copy.deepcopy(tiny_whisper(seed=0))
+        draft = copy.deepcopy(tiny_distil_decoder(seed=1))
+        decoder = SpeculativeDecoder(target=target, drafter=SharedEncoderDrafter(model=draft),
+                                     policy=ConstantLookahead(k=3), static_cache=True, compile="all")
+        x = features(1, seed=21)
+        reference = target.generate(x, return_timestamps=True, max_new_tokens=12)
+        made = []
+        for _ in range(2):
+            counters.clear()
+            assert torch.equal(speculative_whisper_generate(decoder, x, return_timestamps=True, max_new_tokens=12),
+                               reference)
+            assert dict(counters["graph_break"]) == {}
+            made.append(counters["stats"]["unique_graphs"])
+        assert made[0] >= 2 and made[1] == 0
+        assert "_specdec_compiled_forward" in target.__dict__ and "_specdec_compiled_forward" in draft.__dict__
+
     @pytest.mark.parametrize("options, message", [
         (dict(compile="draft"), "needs static_cache=True"),
         (dict(compile="yes", static_cache=True), "compile must be one of 'none', 'draft', 'all'"),

@@ -658,6 +658,7 @@ class Seq2SeqRunner:
 
     rereads = False
     REQUIRED = ("encoder_outputs", "decoder_input_ids", "decoder_attention_mask", "decoder_position_ids")
+    compiled_steps = False  # set per request (CachedModel.begin): decoder steps after the first compiled
     packed_steps = False  # set per request (CachedModel.begin): decoder steps after the first on packed weights
     weight_copies = True  # set per request (CachedModel.begin): packed copies; else copy-free routes
     packed_one_row = False  # set per request (CachedModel.begin): one-token steps too (a drafter's)
@@ -774,11 +775,12 @@ class Seq2SeqRunner:
         # more than packed (stop 62).
         step = slots.length > input_ids.shape[1]
         packed = self.packed_steps and (step or logits_to_keep > 1 and not self.packed_one_row)
+        call = compiled_forward(self.model) if self.compiled_steps and slots.static and step else self.model
         with (packed_steps(self.model, input_ids.numel(), self.packed_one_row, self.matmul_precision,
                            self.weight_copies) if packed else nullcontext()), \
                 (screened_head(self.model, self.screen_suppressed, self.screen_exact_from) if self.screened_steps
                  else nullcontext()):
-            out = self.model(
+            out = call(
                 encoder_outputs=self.encoder_outputs,
                 attention_mask=self._encoder_mask,
                 decoder_attention_mask=attention_mask,
