@@ -339,17 +339,21 @@ class TestCompiledSteps:
         assert counters["stats"]["unique_graphs"] == 0
         assert torch.equal(first, reference) and torch.equal(second, reference)
 
-    def test_whisper_steps_compile_whole_with_a_shared_encoder_draft(self, monkeypatch):
+    @pytest.mark.parametrize("draft_kind", ["distil-whisper", "reduced-head"])
+    def test_whisper_steps_compile_whole_with_a_shared_encoder_draft(self, monkeypatch, draft_kind):
         """An encoder-decoder target's decoder steps compile too (``compile="all"``), as does the
-        draft that reads its encoder: exact, one graph per step, nothing new on the next request.
-        Dynamo's capture is what is checked; inductor's code generation, which the Llama test above
-        runs, is left out (``backend="eager"``): it would take half a minute on two cores."""
+        draft that reads its encoder (a Distil-Whisper decoder, or specdec's own with its reduced
+        head, whose forward builds its output): exact, one graph per step, nothing new on the next
+        request. Dynamo's capture is what is checked; inductor's code generation, which the Llama
+        test above runs, is left out (``backend="eager"``): it would take half a minute on two cores."""
         from torch._dynamo.utils import counters
 
-        monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+        from specdec.drafters.shared_encoder_draft import build_draft
 
+        monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
         target = copy.deepcopy(tiny_whisper(seed=0))
-        draft = copy.deepcopy(tiny_distil_decoder(seed=1))
+        draft = (copy.deepcopy(tiny_distil_decoder(seed=1)) if draft_kind == "distil-whisper"
+                 else build_draft(target, torch.arange(target.config.vocab_size), init_layers=[0]))
         decoder = SpeculativeDecoder(target=target, drafter=SharedEncoderDrafter(model=draft),
                                      policy=ConstantLookahead(k=3), static_cache=True, compile="all")
         x = features(1, seed=21)

@@ -8,7 +8,6 @@ than tokens (an encoder-decoder runner encodes here, once per request).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import inspect
 import warnings
@@ -153,14 +152,11 @@ def returned_cache(output: ModelOutput):
 
 
 def with_cache(output_class: type[ModelOutput], cache, **fields) -> ModelOutput:
-    """``output_class(**fields)`` with ``cache`` under the field name this transformers declares."""
-    return output_class(**fields, **{_cache_field(output_class): cache})
-
-
-@functools.cache
-def _cache_field(output_class: type[ModelOutput]) -> str:
-    declared = {field.name for field in dataclasses.fields(output_class)}
-    return next(name for name in _CACHE_NAMES if name in declared)
+    """``output_class(**fields)`` with ``cache`` under the field name this transformers declares.
+    Drafts' forwards call it, compiled ones too: the class's field table is read as a dict, which
+    dynamo traces (``dataclasses.fields`` of a class breaks its graph)."""
+    declared = output_class.__dataclass_fields__
+    return output_class(**fields, **{next(name for name in _CACHE_NAMES if name in declared): cache})
 
 
 def vocab_size(model: PreTrainedModel) -> int:
