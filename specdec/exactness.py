@@ -47,8 +47,8 @@ class Divergence:
     Two paths part where each rounds the margin its own way: the reference's margin is at most the
     sum of the two paths' errors, each about what the lone read measures. So a near-tie is a
     reference margin of at most twice ``rounding``, plus one ulp. Measured on trained models
-    (docs/benchmarks.md, stops 66-67): the 55 near-ties of one run came to at most 0.37 of this
-    line (0.93 with the two logits' moves alone), and the first wrong token of a verifier that keeps
+    (docs/benchmarks.md, stops 66-67): 50 near-ties of one run, read again, came to at most 0.37
+    of this line (0.93 with the two logits' moves alone), and the first wrong token of a verifier that keeps
     every draft to at least 2.6 times it in bfloat16 (those nearest are drafts that were the
     target's second choice) and 16 times in float16.
     """
