@@ -43,8 +43,10 @@ class Traced(CostAwareLookahead):
     def _record(self, iteration, now):
         if self._pending is not None:
             previous, batch, width, started, warm, first = self._pending
+            first_run = (self._first_runs_apart and previous > 0 and iteration == previous + 1 and not first  # set apart
+                         and self._shape(batch, width, warm, self._alt_pending) not in self._warmed)
             self.log.append(dict(iteration=previous, batch=batch, width=width, seconds=now - started,
-                                 after_drafting=warm, first=first))
+                                 after_drafting=warm, first=first, first_run=first_run))
         super()._record(iteration, now)
 
     def _fit_state(self, bucket):

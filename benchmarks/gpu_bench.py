@@ -240,10 +240,15 @@ def report_policy(policy, batch: int) -> None:
           f"{sum(e['probing'] for e in decisions)} probes", flush=True)
     for width in sorted({e["width"] for e in timed}):
         for kind, keep in (("after drafting", True), ("after plain", False)):
-            seconds = [e["seconds"] for e in timed if e["width"] == width and e["after_drafting"] == keep and not e["first"]]
+            runs = [e for e in timed if e["width"] == width and e["after_drafting"] == keep and not e["first"]]
+            apart = [round(1e3 * e["seconds"], 1) for e in runs if e["first_run"]]  # not timed: one-time work
+            seconds = [e["seconds"] for e in runs if not e["first_run"]]
             if seconds:
                 print(f"    width {width} {kind}: {len(seconds)} timed, median {1e3 * statistics.median(seconds):.2f} ms, "
-                      f"first three {[round(1e3 * s, 1) for s in seconds[:3]]} ms, max {1e3 * max(seconds):.1f} ms")
+                      f"first three {[round(1e3 * s, 1) for s in seconds[:3]]} ms, max {1e3 * max(seconds):.1f} ms"
+                      + (f"; first runs set apart {apart} ms" if apart else ""))
+            elif apart:
+                print(f"    width {width} {kind}: only first runs, set apart {apart} ms")
     first_reads = [1e3 * e["seconds"] for e in timed if e["first"]]
     if first_reads:
         print(f"    first reads: {len(first_reads)}, median {statistics.median(first_reads):.1f} ms")

@@ -16,7 +16,7 @@ from specdec import ConfigError, SpeculativeDecoder, Step, Verdict
 from specdec.core.types import Draft
 from specdec.drafters import ModelDrafter
 from specdec.plugins import get_registry
-from specdec.policies import CostAwareLookahead
+from specdec.policies import CostAwareLookahead, cost_aware
 from specdec.policies.cost_aware import (AlternativesLedger, CostFit, _logit, _sigmoid, bucket_of, expected_tokens,
                                          generated_bucket)
 from specdec.verifiers import GreedyVerifier
@@ -431,6 +431,28 @@ class TestTiming:
         recorded = sum(fit.weight.values()) - sum(w * policy.decay for w in weights.values())
         assert recorded == pytest.approx(1.0)  # 2 only: 1 drafted first (the catch-up), 3 cut a cache, 4 is open
         assert max(fit.mean.values()) < 10.0
+
+    def test_off_the_cpu_each_shapes_first_run_is_not_timed(self):
+        """An iteration takes 9 s the first time its k runs and 2 s after: on a CUDA device the fit
+        holds the 2 s alone; on the CPU, where a first run costs what the next do, every run counts."""
+        for device in ("cuda", "cpu"):
+            now, seen = [0.0], set()
+            policy = CostAwareLookahead(clock=lambda: now[0], load_rate=0.0, probe_rate=0.5)
+            state = fake_state(1)
+            state.device = torch.device(device)  # only read, never used: no device is needed
+            policy.begin(state, None)
+            for iteration in range(12):
+                state.iteration = iteration
+                k = int(policy.lookahead(state)[0])
+                now[0] += 2.0 if k in seen else 9.0
+                seen.add(k)
+                policy.on_step(state, step_of([0], [k], [k // 2]))
+            fit = policy._fits[1]
+            assert len(seen) >= 3
+            if device == "cuda":
+                assert fit.mean and all(mean == pytest.approx(2.0) for mean in fit.mean.values())
+            else:
+                assert max(fit.mean.values()) > 2.5
 
     def test_a_new_request_does_not_time_across_the_gap(self):
         now = [0.0]
@@ -908,8 +930,24 @@ def target():
     return tiny_llama(20, vocab=VOCAB, layers=2, dtype=torch.float64, init=0.3)
 
 
-def decode(target, draft_model, cost, **options):
-    clock = Ticks(cost)
+class FirstRunsDear(Ticks):
+    """``Ticks`` where an iteration is ``once`` seconds dearer the first time its lookahead runs at its
+    batch size, as on a GPU, where a shape's first run loads and chooses kernels and reserves memory."""
+
+    def __init__(self, cost, once: float):
+        super().__init__(cost)
+        self.once, self.seen = once, set()
+
+    def __call__(self) -> float:
+        decision = self.policy.decision if self.policy is not None else None
+        if decision is not None and (decision.batch, decision.k) not in self.seen:
+            self.seen.add((decision.batch, decision.k))
+            self.now += self.once
+        return super().__call__()
+
+
+def decode(target, draft_model, cost, clock=None, **options):
+    clock = clock or Ticks(cost)
     policy = CostAwareLookahead(clock=clock, **options)
     clock.policy = policy
     recorder = Recorder()
@@ -933,6 +971,30 @@ class TestInTheLoop:
         assert len(plain) > len(steps) / 2
         assert all(int(s.drafted_host.sum()) == 0 and bool((s.appended_host == 1).all()) for s in plain)
         assert policy.cost_model(4)[0] == pytest.approx(1.0)
+
+    def test_off_the_cpu_a_shapes_first_run_is_not_what_its_k_costs(self, target, monkeypatch):
+        """Each batch size and lookahead costs 6 s more the first time it runs (a GPU's one-time work;
+        on the H200 of stop 33 every drafted iteration cost-aware timed was its width's first, 165-180
+        ms where constant k = 5's took 36 ms, and it took plain steps from then on). Off the CPU (here
+        the CPU as if it were not) the first run of each is not timed, so the costs the policy plans
+        with are the steady ones; on the CPU, timed, they come out several times too dear (where a
+        first run costs what the next do, that loses nothing)."""
+        steady = lambda k: 1.0 if k == 0 else 1.2 + 0.06 * k  # noqa: E731
+        draft = perturbed_copy(target, 0.1)
+        for every_run_timed in (False, True):
+            monkeypatch.setattr(cost_aware, "FIRST_RUNS_APART_ON_CPU", not every_run_timed)
+            clock = FirstRunsDear(steady, once=6.0)
+            outs, expected, steps, policy = decode(target, draft, steady, clock=clock)
+            for out in outs:
+                assert torch.equal(out.sequences, expected)
+            widths = {k for _, k in clock.seen}
+            assert len(clock.seen) > 8 and {0, 4} <= widths  # the first runs were charged, at several batch sizes
+            costs = policy.cost_model(4)
+            off = max(abs(costs[k] / steady(k) - 1.0) for k in widths)
+            if every_run_timed:
+                assert off > 1.0
+            else:
+                assert off < 0.05, costs
 
     def test_cheap_drafting_with_a_perfect_draft_drafts_long(self, target):
         draft = copy.deepcopy(target)
