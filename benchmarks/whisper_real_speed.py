@@ -52,9 +52,17 @@ English, task transcribe, no timestamps, greedy):
   rows from which packed wins at every wider trial width; ``benchmarks/packing_rules.py``).
 - ``specdec-stop34``: ``specdec`` on stops 26-34's step path: its weights' shapes timed in a single
   round (``benchmarks/packing_rules.py``, rule "stop 34").
+- ``base-static``: ``base`` with transformers' static cache (``cache_implementation="static"``: its
+  forward compiled, CUDA graphs on CUDA), the strongest plain baseline on a GPU.
+- ``specdec-static``, ``specdec-compile``: ``specdec`` on the accelerator's path, every model's cache
+  preallocated (``static_cache=True``), and with it every step compiled (``compile="all"``).
 - ``specdec-int8``: the same loop with base's whole decoder (its six layers and its full head)
   dynamically quantised to int8 (``torch.ao.quantization.quantize_dynamic`` on every Linear) as a
   shared-encoder draft: self-speculation, no training.
+
+On a GPU (``--device cuda --dtype float16``; the int8 and packed contenders are the CPU's and
+refused there): each batch size is warmed up first (so compiling and capturing are not timed),
+every clock read waits for the device, and each contender's peak GPU memory is reported.
 
 Per contender and batch size: decoder tokens per second (tokens / (wall - encoder seconds); the
 encoder's forward is timed by a hook, so its time is known in every contender), end-to-end RTFx
@@ -122,12 +130,24 @@ def load_pair_and_speech(args):
     return target, draft, [features_for(processor, [row], args.audio_dir)["input_features"] for row in rows]
 
 
-def load_target(name: str):
+def load_target(name: str, dtype: torch.dtype = torch.float32, device: str = "cpu"):
     from transformers import WhisperForConditionalGeneration, WhisperProcessor
 
     path = resolve_model_path(name, "--model")
-    model = WhisperForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
+    model = WhisperForConditionalGeneration.from_pretrained(path, dtype=dtype).to(device).eval()
     return model, WhisperProcessor.from_pretrained(path)
+
+
+def on_device(x: dict, target) -> dict:
+    """``generate``'s inputs (``features_for``) where the target is: the features in its dtype."""
+    moved = {name: value.to(target.device) if isinstance(value, torch.Tensor) else value for name, value in x.items()}
+    moved["input_features"] = moved["input_features"].to(target.dtype)
+    return moved
+
+
+def synchronizer(device: torch.device):
+    """What makes a host clock read after the device's queued work: on CUDA its synchronize."""
+    return torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
 
 def full_head_assistant(draft, target):
@@ -176,18 +196,22 @@ def make_policy(text: str):
 
 
 class EncoderClock:
-    """Seconds spent in the target's encoder forward (a hook), reset per call."""
+    """Seconds spent in the target's encoder forward (a hook), reset per call. On a GPU each read
+    waits for the device (two syncs per encoder call, none in the decoding loop)."""
 
     def __init__(self, target):
         self.seconds, self._start = 0.0, None
+        self._sync = synchronizer(target.device)
         encoder = target.model.encoder
         encoder.register_forward_pre_hook(self._pre)
         encoder.register_forward_hook(self._post)
 
     def _pre(self, *args):
+        self._sync()
         self._start = time.perf_counter()
 
     def _post(self, *args):
+        self._sync()
         self.seconds += time.perf_counter() - self._start
 
 
@@ -206,6 +230,9 @@ def contenders(target, draft, policy: str, int8, assistant, hf_tokens: int | Non
     def base(x):
         return target.generate(**x, language="en", task="transcribe"), None
 
+    def base_static(x):  # transformers' static cache, its forward compiled (CUDA graphs on CUDA)
+        return target.generate(**x, language="en", task="transcribe", cache_implementation="static"), None
+
     def base_packed(x):  # every call of 4 rows or more on oneDNN-packed weights (core/packed_linear.py)
         with packed_everywhere(target):
             return target.generate(**x, language="en", task="transcribe"), None
@@ -215,14 +242,14 @@ def contenders(target, draft, policy: str, int8, assistant, hf_tokens: int | Non
         return target.generate(**x, language="en", task="transcribe", assistant_model=assistant, **kwargs), None
 
     def speculative(model, choice, packed=True, rule=None, alternatives=0, precision="auto", screened=True,
-                    frames="audio"):
+                    frames="audio", **static):
         # One decoder for every call, as `specdec transcribe` keeps one over its files: a policy
-        # that measures (cost-aware) keeps what it learnt.
+        # that measures (cost-aware) keeps what it learnt. ``static``: static_cache and compile.
         options = dict(alternatives=alternatives, matmul_precision=precision)
         drafter = (HiddenStateDrafter(head=str(model), **options) if isinstance(model, Path) and model not in drafts
                    else SharedEncoderDrafter(model=model, encoder_frames=frames, **options))
         decoder = SpeculativeDecoder(target=target, drafter=drafter, policy=make_policy(choice), packed_weights=packed,
-                                     screened_head=screened)
+                                     screened_head=screened, **static)
         whisper = WhisperSpeculativeDecoder(decoder)
 
         def run(x):
@@ -237,7 +264,7 @@ def contenders(target, draft, policy: str, int8, assistant, hf_tokens: int | Non
     def named(name: str, choice: str) -> str:  # one policy keeps the plain names
         return name if len(choices) == 1 else f"{name} {choice}"
 
-    out = {"base": (None, base), "base-packed": (None, base_packed)}
+    out = {"base": (None, base), "base-static": (None, base_static), "base-packed": (None, base_packed)}
     for choice in choices if draft_path is not None else ():
         # The draft's linear layers on int8 weights (matmul_precision "int8", stop 60), the draft
         # loaded from its folder by the drafter, as whisper.toml has it: it then keeps only its int8
@@ -266,6 +293,9 @@ def contenders(target, draft, policy: str, int8, assistant, hf_tokens: int | Non
         out[named("specdec-alt3-fp32", choice)] = (None, speculative(draft, choice, alternatives=3, precision="highest"))
         # The draft's cross-attention over all 1500 encoder frames, as before stop 60.
         out[named("specdec-allframes", choice)] = (None, speculative(draft, choice, frames="all"))
+        # The accelerator's path: every model's cache preallocated, and with it every step compiled.
+        out[named("specdec-static", choice)] = (None, speculative(draft, choice, static_cache=True))
+        out[named("specdec-compile", choice)] = (None, speculative(draft, choice, static_cache=True, compile="all"))
     for choice in choices if other_draft is not None else ():
         out[named("specdec-draft2", choice)] = (None, speculative(other_draft, choice))
         out[named("specdec-draft2int8", choice)] = (None, speculative(other_draft, choice, precision="int8"))
@@ -302,14 +332,22 @@ def features_for(processor, rows, audio_dir) -> dict:
     return {"input_features": batch.input_features, "attention_mask": batch.attention_mask, "return_timestamps": True}
 
 
+CPU_ONLY = {"base-packed", "specdec-int8", "specdec-draftint8", "specdec-draftint8-unpacked",
+            "specdec-draftint8-unpacked-unscreened", "specdec-draft2int8", "specdec-stop21", "specdec-widthon", "specdec-stop34"}
+
+
 def measure(args) -> dict:
     torch.set_num_threads(args.threads)
-    target, processor = load_target(args.model)
     wanted = set(args.contenders.split(","))
+    if args.device != "cpu" and wanted & CPU_ONLY:
+        raise SystemExit(f"--contenders {','.join(sorted(wanted & CPU_ONLY))}: CPU only (int8 weights through fbgemm, "
+                         "oneDNN packing); on --device {args.device} leave them out")
+    target, processor = load_target(args.model, getattr(torch, args.dtype), args.device)
+    sync = synchronizer(target.device)
     # Only contenders that draft with it load the draft: base's peak memory (--memory) must not hold it.
     draft = load_shared_encoder_draft(args.draft, target) if wanted & {"specdec", "specdec-unpacked", "specdec-stop21", "specdec-widthon", "specdec-stop34", "specdec-alt1", "specdec-alt2", "specdec-alt3",
                                                                    "specdec-fp32", "specdec-alt3-fp32", "specdec-unscreened", "specdec-allframes",
-                                                                   "hf-assisted"} else None
+                                                                   "specdec-static", "specdec-compile", "hf-assisted"} else None
     # The shipped config's contender loads the draft itself (and keeps it in int8 only).
     draft_path = args.draft if wanted & {"specdec-draftint8", "specdec-draftint8-unpacked", "specdec-draftint8-unpacked-unscreened"} else None
     eot = target.generation_config.eos_token_id
@@ -328,31 +366,48 @@ def measure(args) -> dict:
     rows = load_utterances(args.audio_dir, args.limit, args.long_form)
     audio_seconds = [r["seconds"] for r in rows]
     results = {}
-    if args.warmup and rows:
-        # Untimed: what a process pays once (packing the decoder's weights) would otherwise land on
-        # whichever contender runs first.
-        x = features_for(processor, rows[:1], args.audio_dir)
-        for name, (_, run) in runs.items():
-            with torch.no_grad():
-                run(x)
+    gpu = target.device.type == "cuda"
+
+    def warm_up(chunk):
+        # Untimed: what a process pays once (packing the decoder's weights; on a GPU, kernels loaded
+        # and each batch size's graphs compiled and captured) would otherwise land on whichever
+        # contender runs first.
+        x = on_device(features_for(processor, [rows[i] for i in chunk], args.audio_dir), target)
+        for name, (sizes, run) in runs.items():
+            if sizes is None or len(chunk) in sizes:
+                with torch.no_grad():
+                    run(x)
+        sync()
+
+    if args.warmup and rows and not gpu:
+        warm_up([0])
     for batch in [int(b) for b in args.batch_sizes.split(",")]:
         chunks = [list(range(i, min(i + batch, len(rows)))) for i in range(0, len(rows), batch)]
+        if args.warmup and chunks and gpu:  # each batch size its shapes (and the last chunk's, if smaller)
+            for chunk in {len(c): c for c in chunks}.values():
+                warm_up(chunk)
         names = [n for n, (sizes, _) in runs.items() if sizes is None or batch in sizes]
-        table = {n: dict(wall=[], encoder=[], tokens=0, same=0, drafted=0, accepted=0, row_steps=0) for n in names}
+        table = {n: dict(wall=[], encoder=[], tokens=0, same=0, drafted=0, accepted=0, row_steps=0, peak_gib=0.0) for n in names}
         reference = {}
         for repeat in range(args.repeats):
             for chunk in chunks:
                 started = time.perf_counter()
-                x = features_for(processor, [rows[i] for i in chunk], args.audio_dir)
+                x = on_device(features_for(processor, [rows[i] for i in chunk], args.audio_dir), target)
+                sync()
                 extract = time.perf_counter() - started
                 order = names if repeat % 2 == 0 else names[::-1]  # interleaved, alternating order
                 for name in order:
                     clock.seconds = 0.0
+                    if gpu:
+                        torch.cuda.reset_peak_memory_stats()
                     started = time.perf_counter()
                     with torch.no_grad():
                         ids, stats = runs[name][1](x)
+                    sync()
                     wall = time.perf_counter() - started + extract
                     entry = table[name]
+                    if gpu:
+                        entry["peak_gib"] = max(entry["peak_gib"], torch.cuda.max_memory_allocated() / 2**30)
                     entry["wall"].append(wall)
                     entry["encoder"].append(clock.seconds + extract)
                     if repeat == 0:
@@ -380,7 +435,7 @@ def measure(args) -> dict:
                 rtfx=sum(audio_seconds) / wall, identical=f"{same}/{len(reference)}",
                 acceptance=entry["accepted"] / entry["drafted"] if entry["drafted"] else None,
                 tokens_per_target_call=entry["new"] / entry["row_steps"] if entry.get("row_steps") else None,
-                walls=walls,
+                walls=walls, **({"gpu_peak_gib": entry["peak_gib"]} if gpu else {}),
             )
         base = summary.get("base")
         for name, s in summary.items():
@@ -475,6 +530,10 @@ def main() -> int:
     parser.add_argument("--contenders", default="base,hf-assisted,specdec,specdec-int8")
     parser.add_argument("--hf-assistant-tokens", type=int, default=None)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (each batch size warmed up there, every timing "
+                        "synchronised, peak GPU memory per contender)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                        help="the models' dtype as loaded (the draft follows the target)")
     parser.add_argument("--memory", action="store_true",
                         help="also each contender's peak RSS and final RSS in a fresh process, --memory-rounds times")
     parser.add_argument("--memory-rounds", type=int, default=1, help="fresh processes per contender, contenders in turn")
@@ -486,7 +545,8 @@ def main() -> int:
     results = measure(args)
     if args.peak_rss:  # measure() printed the process's memory
         return 0
-    info = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": cpu_name(),
+    info = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": cpu_name(), "device": args.device,
+            "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None, "dtype": args.dtype,
             "load": os.getloadavg(), "threads": args.threads, "policy": args.policy, "long_form": args.long_form, "results": results}
     if args.memory:
         names = args.contenders.split(",")
