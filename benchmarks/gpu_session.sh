@@ -10,6 +10,7 @@
 #      with all its steps compiled (compile="all"), at batch 16 (400 s: compiling is most of it);
 #   4. gpu_bench.py eager: target, specdec and cost-aware (also with every phase synchronised and
 #      timed: where its drafted iterations spend their time), at batch 16 and 1.
+# Real whisper-base is a session of its own: benchmarks/gpu_whisper.sh, after the calls that carry it.
 # The stages' limits add up to 12.5 minutes, which with the machine's start (about 40 s) fits a
 # session's 15 minutes of device time; the variables below shrink a run to what is left.
 # Each stage has its own time limit, and gpu_bench writes its JSON after every batch size, so a
