@@ -14,6 +14,7 @@ import torch
 
 from specdec import ConfigError, SpeculativeDecoder, Step, Verdict
 from specdec.core.types import Draft
+from specdec.core.packed_linear import cpu_name
 from specdec.drafters import ModelDrafter
 from specdec.plugins import get_registry
 from specdec.policies import CostAwareLookahead, cost_aware
@@ -1434,6 +1435,18 @@ class TestMemory:
         assert fresh._probe_credit == 0.0
         assert fresh.pooled_alpha() == policy.pooled_alpha() != CostAwareLookahead().pooled_alpha()
         assert fresh.choose(1, [0.7], [20]).probing is True  # it explores this machine's costs
+
+    def test_costs_a_gpu_remembered_with_its_first_runs_timed_are_left(self, monkeypatch):
+        """Before stop 68 a GPU's first runs were timed as what k costs; its memory's costs (not its
+        acceptance) are left, while the CPU's memory stays valid."""
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+        state = fake_state(1)
+        for device, taken in (("cuda", False), ("cpu", True)):
+            state.device = torch.device(device)
+            where = "NVIDIA H200" if device == "cuda" else cpu_name()
+            before = f"{where}|{device}|torch {torch.__version__}|{torch.get_num_threads()} threads"  # stop 67's
+            fresh = CostAwareLookahead(per_position=True)
+            assert fresh.restore(self.learned_something().learned(before), cost_aware._machine(state)) is taken
 
     @pytest.mark.parametrize("damage, message", [
         (lambda d: d.update(format=0), "format 0, expected 1"),
