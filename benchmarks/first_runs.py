@@ -1,7 +1,7 @@
 """What an iteration's first run at its batch size and width costs against the runs after it.
 
     OMP_NUM_THREADS=1 python benchmarks/first_runs.py [--drafter model|ngram] [--device cpu|cuda] \
-        [--dtype float32|bfloat16|float16] [--max-new-tokens 64]
+        [--dtype float32|bfloat16|float16] [--max-new-tokens 64] [--compile none|draft|all] [--passes 1]
 
 On the bundled pair, in a fresh process, ``cost-aware`` (logging every iteration it could time,
 ``batch_trace.Traced``) decodes 16 held-out prompts at batch 16, then at 4, then 4 prompts at 1,
@@ -9,6 +9,10 @@ greedy. Per (batch size, width, after a drafted iteration or not): how many runs
 milliseconds, the median of the rest, and their ratio. Where first runs are dear (a GPU loads and
 chooses kernels, reserves memory), ``cost-aware`` leaves them untimed off the CPU
 (``docs/strategies.md``, "a shape's first run"); this is the measurement behind doing so or not.
+With ``--compile`` (static caches, the steps through torch.compile) a shape's first run compiles
+it, and ``cost-aware`` leaves every iteration in which a graph was made untimed; ``--passes`` runs
+the three batch sizes again, and each request's seconds and the k it chose show whether the policy
+drafts once the graphs are made.
 """
 
 from __future__ import annotations
@@ -17,8 +21,10 @@ import argparse
 import collections
 import statistics
 import sys
+import time
 from pathlib import Path
 
+import attrs
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -33,6 +39,8 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
     parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--compile", choices=("none", "draft", "all"), default="none")
+    parser.add_argument("--passes", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(1)
     target, tokenizer, draft, prompts = load_bundled_pair()
@@ -41,10 +49,18 @@ def main() -> None:
     policy = Traced()
     policy.log = []
     decoder = bundled_decoder(target, draft, args.drafter, policy, False)
-    for batch, count in ((16, 16), (4, 16), (1, 4)):
-        for start in range(0, count, batch):
-            encoded = tokenizer(prompts[start : start + batch], return_tensors="pt", padding=True).to(args.device)
-            decoder.generate(**encoded, max_new_tokens=args.max_new_tokens, do_sample=False)
+    if args.compile != "none":
+        decoder = attrs.evolve(decoder, static_cache=True, compile=args.compile)
+    for index in range(args.passes):
+        for batch, count in ((16, 16), (4, 16), (1, 4)):
+            seconds, chosen = 0.0, collections.Counter()
+            for start in range(0, count, batch):
+                encoded = tokenizer(prompts[start : start + batch], return_tensors="pt", padding=True).to(args.device)
+                before, started = len(policy.log), time.perf_counter()
+                decoder.generate(**encoded, max_new_tokens=args.max_new_tokens, do_sample=False)
+                seconds += time.perf_counter() - started
+                chosen.update(entry["k"] for entry in policy.log[before:] if "k" in entry)
+            print(f"pass {index}, batch {batch}: {seconds:.2f} s, k chosen {dict(sorted(chosen.items()))}", flush=True)
     runs = collections.defaultdict(list)
     for entry in policy.log:
         if "seconds" in entry and entry["iteration"] > 0 and not entry["first"]:
