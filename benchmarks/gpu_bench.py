@@ -26,6 +26,8 @@ also compiles what is compiled):
   specdec+static    ``static_cache=True`` (preallocated caches, fixed step shapes)
   specdec+compile   ``static_cache=True, compile="draft"`` (CUDA graphs on CUDA)
   specdec+compile-all ``static_cache=True, compile="all"``: the target's verify steps compiled too
+  specdec+compile-all+cost-aware  the same with ``cost-aware`` (which since stop 68 leaves the
+                    iterations that compiled, and off the CPU each shape's first run, untimed)
   specdec+cost-aware  the dynamic path with the ``cost-aware`` policy instead of a constant k (its
                     choices and its timings of the iterations are summarised after the table)
   specdec+cost-aware+phases  the same with the ``phases`` observer synchronising the device at every
@@ -91,7 +93,7 @@ parser.add_argument("--tail-scale", type=float, default=0.015,
 parser.add_argument("--draft-noise", type=float, default=0.0, help="Gaussian noise on the draft's matrices, times their spread")
 parser.add_argument("--contenders", default=None,
                     help="comma-separated, of target,target+static,assisted,specdec,specdec+static,specdec+compile,"
-                         "specdec+cost-aware,specdec+cost-aware+phases (default: all; --smoke: all but specdec+compile, whose CPU compilation "
+                         "specdec+compile-all,specdec+compile-all+cost-aware,specdec+cost-aware,specdec+cost-aware+phases (default: all; --smoke: all but specdec+compile, whose CPU compilation "
                          "takes minutes)")
 parser.add_argument("--seed", type=int, default=0)
 parser.add_argument("--out", default=None, help="also write the rows as JSON here")
@@ -287,14 +289,15 @@ def main():
           f"draft {draft_size:.0f}M ({args.draft_layers} layers, noise {args.draft_noise}); k = {args.k}; "
           f"{args.max_new_tokens} new tokens per row")
     wanted = args.contenders.split(",")
-    traced, traced_too = Traced(), Traced()
-    traced.log, traced_too.log = [], []
+    traced, traced_too, traced_compiled = Traced(), Traced(), Traced()
+    traced.log, traced_too.log, traced_compiled.log = [], [], []
     phases = IterationPhases(sync=True)
     decoders = {
         "specdec": dict(),
         "specdec+static": dict(static_cache=True),
         "specdec+compile": dict(static_cache=True, compile="draft"),
         "specdec+compile-all": dict(static_cache=True, compile="all"),
+        "specdec+compile-all+cost-aware": dict(static_cache=True, compile="all", policy=traced_compiled),
         "specdec+cost-aware": dict(policy=traced),
         "specdec+cost-aware+phases": dict(policy=traced_too, observers=[phases]),
     }
@@ -395,8 +398,10 @@ def main():
             if warm or timed or skips:
                 print(f"    {label}: {warm} graph(s) compiled at warm-up, {timed} during the timed repeats"
                       f"{' (recompiled: the timing pays for it)' if timed else ''}; {skips} CUDA graph skip(s)", flush=True)
-        if "specdec+cost-aware" in decoders:
-            report_policy(decoders["specdec+cost-aware"].policy, batch)
+        for label in ("specdec+cost-aware", "specdec+compile-all+cost-aware"):
+            if label in decoders:
+                print(f"    {label}:")
+                report_policy(decoders[label].policy, batch)
         if "specdec+cost-aware+phases" in decoders:
             report_phases(decoders["specdec+cost-aware+phases"].policy, phases, batch)
         if args.out:  # after every batch size: a run cut short keeps what it finished
