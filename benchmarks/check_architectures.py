@@ -39,24 +39,14 @@ import platform
 import sys
 import time
 import traceback
-import warnings
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-import torch  # noqa: E402
-
-torch.set_num_threads(1)
-warnings.filterwarnings("ignore")
+from family_setup import ROOT, arch_lib  # first: the checkout on the path, one thread, quiet warnings
 
 import attrs  # noqa: E402
+import torch  # noqa: E402
 import transformers  # noqa: E402
-from transformers.utils import logging as hf_logging  # noqa: E402
 
-hf_logging.set_verbosity_error()
-
-from tests import architectures as arch_lib  # noqa: E402  (the one shrinker, shared with the tests)
 from specdec import PluginError, SpecdecError, SpeculativeDecoder  # noqa: E402
 from specdec.core.packed_linear import cpu_name  # noqa: E402
 from specdec.core.models import reread_reason  # noqa: E402

@@ -24,23 +24,13 @@ import json
 import multiprocessing
 import sys
 import time
-import warnings
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from family_setup import arch_lib  # first: the checkout on the path, one thread, quiet warnings
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-torch.set_num_threads(1)
-warnings.filterwarnings("ignore")
-
-from transformers.utils import logging as hf_logging  # noqa: E402
-
-hf_logging.set_verbosity_error()
-
-from tests import architectures as arch_lib  # noqa: E402
 from specdec import ConfigError, SpeculativeDecoder  # noqa: E402
 from specdec.drafters import ModelDrafter  # noqa: E402
 from specdec.policies import ConstantLookahead  # noqa: E402
