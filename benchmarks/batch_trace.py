@@ -43,8 +43,8 @@ class Traced(CostAwareLookahead):
     def _record(self, iteration, now):
         if self._pending is not None:
             previous, batch, width, started, warm, first = self._pending
-            first_run = (self._first_runs_apart and previous > 0 and iteration == previous + 1 and not first  # set apart
-                         and self._shape(batch, width, warm, self._alt_pending) not in self._warmed)
+            first_run = (previous > 0 and iteration == previous + 1  # an iteration the policy times, or sets apart
+                         and self._first_run(batch, width, warm, first, self._alt_pending))
             self.log.append(dict(iteration=previous, batch=batch, width=width, seconds=now - started,
                                  after_drafting=warm, first=first, first_run=first_run))
         super()._record(iteration, now)

@@ -341,7 +341,7 @@ def measure(args) -> dict:
     wanted = set(args.contenders.split(","))
     if args.device != "cpu" and wanted & CPU_ONLY:
         raise SystemExit(f"--contenders {','.join(sorted(wanted & CPU_ONLY))}: CPU only (int8 weights through fbgemm, "
-                         "oneDNN packing); on --device {args.device} leave them out")
+                         f"oneDNN packing); on --device {args.device} leave them out")
     target, processor = load_target(args.model, getattr(torch, args.dtype), args.device)
     sync = synchronizer(target.device)
     # Only contenders that draft with it load the draft: base's peak memory (--memory) must not hold it.

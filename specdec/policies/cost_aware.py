@@ -1178,6 +1178,12 @@ class CostAwareLookahead(LookaheadPolicy):
         drafted one (not a resume) and whether it read first-position alternatives."""
         return (bucket_of(batch), width, warm and width > 0, alternatives[1] if alternatives is not None else None)
 
+    def _first_run(self, batch: int, width: int, warm: bool, first: bool, alternatives: tuple | None) -> bool:
+        """Whether a timed iteration is one left untimed as its shape's first run (off the CPU; a
+        request's first read is new every time and never is)."""
+        return (self._first_runs_apart and not first
+                and self._shape(batch, width, warm, alternatives) not in self._warmed)
+
     def _record(self, iteration: int, now: float) -> None:
         """The previous iteration took from its lookahead to this one: everything it caused
         (the draft, the verify and the loop's sync, the drafter's cache bookkeeping after
@@ -1201,9 +1207,8 @@ class CostAwareLookahead(LookaheadPolicy):
         # timed was the first at its width, 165-180 ms where constant k = 5's took 36, and it never
         # drafted again. Per bucket, not per batch size: rows leaving a batch would discard a timing
         # at every size. A first read's shape is new every time, so its first is not set apart.
-        shape = self._shape(batch, width, warm, alternatives)
-        if self._first_runs_apart and not first and shape not in self._warmed:
-            self._warmed.add(shape)
+        if self._first_run(batch, width, warm, first, alternatives):
+            self._warmed.add(self._shape(batch, width, warm, alternatives))
             return
         fit = self._fits.get(bucket) or self._fits.setdefault(bucket, CostFit(log_batch=math.log2(batch)))
         seconds = now - started
