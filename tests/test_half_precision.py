@@ -112,8 +112,9 @@ def test_speculative_rows_in_half_precision_part_only_at_near_ties(dtype, batch_
     ``benchmarks/half_precision.py`` reports the share)."""
     tokenizer, target, draft, prompts = half_pair(dtype)
     decoder = SpeculativeDecoder(target=target, drafter=ModelDrafter(draft), policy=ConstantLookahead(k=5))
-    found, rows = _divergences(tokenizer, target, decoder, prompts[:16], batch_size, max_new_tokens=48)
-    assert rows == 16
+    count = 8 if batch_size == 1 else 16  # one at a time, 16 took half a minute of the suite
+    found, rows = _divergences(tokenizer, target, decoder, prompts[:count], batch_size, max_new_tokens=48)
+    assert rows == count
     for why in found:
         assert why.near_tie, why
 
