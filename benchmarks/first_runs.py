@@ -60,7 +60,9 @@ def main() -> None:
                 decoder.generate(**encoded, max_new_tokens=args.max_new_tokens, do_sample=False)
                 seconds += time.perf_counter() - started
                 chosen.update(entry["k"] for entry in policy.log[before:] if "k" in entry)
-            print(f"pass {index}, batch {batch}: {seconds:.2f} s, k chosen {dict(sorted(chosen.items()))}", flush=True)
+            costs = {k: round(1e3 * c, 1) for k, c in (policy.decision.costs or {}).items() if k <= 4}
+            print(f"pass {index}, batch {batch}: {seconds:.2f} s, k chosen {dict(sorted(chosen.items()))}; "
+                  f"{policy._probes} probes so far, probing {policy._backoff}x rarer, last costs (ms) {costs}", flush=True)
     runs = collections.defaultdict(list)
     for entry in policy.log:
         if "seconds" in entry and entry["iteration"] > 0 and not entry["first"]:

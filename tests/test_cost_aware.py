@@ -872,6 +872,36 @@ class TestProbing:
         assert all(0 <= b - a <= 1 for a, b in zip(*probes))
         assert all(d.k == 0 for decisions, _ in (every, every_eighth) for d in decisions[3:] if not d.probing)
 
+    def test_a_probe_left_untimed_confirms_nothing(self, monkeypatch):
+        """Off the CPU a probe's drafted iterations are often their shapes' first runs, and with
+        compiled steps they compile: left untimed, the probe measured nothing. Judged as a probe that
+        confirmed plain steps, it made probing twice as rare (before stop 69). Here drafting never
+        pays: the first probe's shapes are new, the second's are not."""
+        backoffs = {}
+        for apart in (True, False):
+            monkeypatch.setattr(cost_aware, "FIRST_RUNS_APART_ON_CPU", apart)
+            ticks = Ticks(lambda k: 10.0 + 20.0 * k)
+            policy = CostAwareLookahead(clock=ticks, probe_rate=0.25, probe_backoff=8)
+            ticks.policy = policy
+            state = fake_state(2)
+            policy.begin(state, None)
+            probes, after = [], []
+            for iteration in range(400):
+                state.iteration = iteration
+                state.progress_host = lambda iteration=iteration: ([iteration] * 2, [1000] * 2)
+                k = int(policy.lookahead(state)[0])
+                decision = policy.decision
+                if decision.probing and decision.best_k == 0 and k > 0 and (not probes or iteration > probes[-1] + 1):
+                    probes.append(iteration)  # a probe out of plain steps: two drafted iterations
+                if probes and iteration == probes[-1] + 2:
+                    after.append(policy._backoff)  # the probe was judged at this choice
+                    if len(after) == 2:
+                        break
+                policy.on_step(state, step_of([0, 1], [k] * 2, [0] * 2))
+            backoffs[apart] = after
+        assert backoffs[False] == [2, 4]  # every run timed: each probe confirmed plain steps
+        assert backoffs[True] == [1, 2]  # the first probe's runs were its shapes' first: no evidence
+
     def test_a_batch_that_lost_rows_chooses_again_at_once(self):
         decisions, _ = self._plain_run(8, [4] * 40 + [3] * 3)
         assert decisions[39].batch == 4 and decisions[39].k == 0
@@ -1004,8 +1034,8 @@ class TestInTheLoop:
         compiles it: 10 s more on this fake clock (with ``compile="draft"`` on the bundled pair on a
         CPU, 1.4 s a drafted iteration, and the policy that timed them took plain steps for every
         later request). Those iterations are not timed, so the costs planned with are the steady
-        ones; timed (the rule taken out: the check that this test can fail), they come out several
-        times too dear. Dynamo's capture runs; inductor's code generation is left out (``backend="eager"``)."""
+        ones (timed, they come out several times too dear: the next test's control). Dynamo's
+        capture runs; inductor's code generation is left out (``backend="eager"``)."""
         import functools
 
         from torch._dynamo.utils import counters
@@ -1021,21 +1051,60 @@ class TestInTheLoop:
                     self.now += 10.0
                 return super().__call__()
 
-        for rule in (True, False):
-            if not rule:
-                monkeypatch.setattr(CostAwareLookahead, "_compiled_since", lambda self, state: False)
-            torch._dynamo.reset()  # a new draft of the same shapes would find the graphs made
-            clock = CompilesDear(steady)
-            clock.graphs, clock.compiles = counters["stats"]["unique_graphs"], 0
+        torch._dynamo.reset()  # a draft of the same shapes compiled by another test would find its graphs made
+        clock = CompilesDear(steady)
+        clock.graphs, clock.compiles = counters["stats"]["unique_graphs"], 0
+        model = copy.deepcopy(target)  # compiling leaves its forward on the model
+        outs, expected, steps, policy = decode(model, perturbed_copy(target, 0.1), steady, clock=clock,
+                                               decoder_options=dict(static_cache=True, compile="all"))
+        for out in outs:
+            assert torch.equal(out.sequences, expected)
+        assert clock.compiles >= 3
+        costs, widths = policy.cost_model(4), policy._fits[bucket_of(4)].weight
+        assert max(abs(costs[k] / steady(k) - 1.0) for k in widths) < 0.05, costs
+
+    def test_an_iteration_that_recorded_a_cuda_graph_is_not_timed(self, target, monkeypatch):
+        """On a GPU compiled steps (``mode="reduce-overhead"``) record a CUDA graph at a shape's second
+        run, after its first traced it. No dynamo graph is made then; dynamo's compile callbacks
+        announce the recording. A stand-in for ``torch.compile`` does here what CUDA-graph trees do,
+        through torch's own callback handler, on a fake clock: a shape's first call traces (10 s more)
+        and its second records (10 s more), the rest replay. With the recording announced, the costs
+        planned with are the steady ones; unannounced (what counting dynamo's graphs saw, before
+        stop 69), they come out several times too dear."""
+        from torch._dynamo.callback import CallbackTrigger, callback_handler
+
+        steady = lambda k: 1.0 if k == 0 else 1.2 + 0.06 * k  # noqa: E731
+        for announced in (True, False):
+            clock, records = Ticks(steady), []
+
+            def graph_trees(forward, **options):
+                runs: dict[tuple, int] = {}
+
+                def replay(**inputs):
+                    shape = tuple((name, tuple(v.shape)) for name, v in inputs.items() if isinstance(v, torch.Tensor))
+                    runs[shape] = run = runs.get(shape, 0) + 1
+                    if run > 2:
+                        return forward(**inputs)
+                    clock.now += 10.0
+                    records.append(run == 2)
+                    trigger = CallbackTrigger.DYNAMO if run == 1 else CallbackTrigger.CUDAGRAPH_RECORDING
+                    if run == 2 and not announced:
+                        return forward(**inputs)
+                    with callback_handler.install_callbacks(trigger, "0/0"):
+                        return forward(**inputs)
+
+                return replay
+
+            monkeypatch.setattr(torch, "compile", graph_trees)
             model = copy.deepcopy(target)  # compiling leaves its forward on the model
             outs, expected, steps, policy = decode(model, perturbed_copy(target, 0.1), steady, clock=clock,
                                                    decoder_options=dict(static_cache=True, compile="all"))
             for out in outs:
                 assert torch.equal(out.sequences, expected)
-            assert clock.compiles >= 3
+            assert sum(records) >= 3
             costs, widths = policy.cost_model(4), policy._fits[bucket_of(4)].weight
             off = max(abs(costs[k] / steady(k) - 1.0) for k in widths)
-            assert (off > 1.0) if not rule else (off < 0.05), costs
+            assert (off < 0.05) if announced else (off > 1.0), costs
 
     def test_cheap_drafting_with_a_perfect_draft_drafts_long(self, target):
         draft = copy.deepcopy(target)

@@ -127,7 +127,9 @@ forward passes and no host syncs of its own:
   twice as rare, up to ``probe_backoff`` times, and a probe that moves it restores the rate: where
   speculation keeps not paying, probing (a drafted iteration at a loss) costs less and less. A move
   is watched for ``PROBE_WATCH`` choices: one undone within them (a lucky timing of the probe's
-  drafted iteration) counts as the probe confirming the old k.
+  drafted iteration) counts as the probe confirming the old k. A probe whose iterations went
+  untimed (a shape's first run off the CPU, or one that compiled) measured nothing and confirms
+  nothing: the rate stays where it was.
 * **First-position alternatives** (``Draft.alternatives``, greedy decoding) widen the verify by a
   column each, and what a column costs depends on the CPU: on an AMD EPYC SmolLM2's 3-token verify
   and its 5-token one cost about the same, and alternatives ran 1.98x against 1.84x without; on an
@@ -498,6 +500,28 @@ class AlternativesLedger:
 FIRST_RUNS_APART_ON_CPU = False
 
 
+_compile_work = 0  # compile work torch has begun in this process, as dynamo's callbacks tell it
+
+
+def _count_compile_work(args) -> None:
+    global _compile_work
+    _compile_work += 1
+
+
+def compile_work_begun() -> int:
+    """How many times torch has begun compile work in this process since this was first asked:
+    dynamo tracing a frame (a new graph or a recompile) and, on a GPU with
+    ``mode="reduce-overhead"``, inductor recording a CUDA graph (a compiled step's second run, and
+    again wherever the order of the graphs run changes), which no dynamo counter shows. Counted by
+    dynamo's compile callbacks; ``torch._dynamo.reset()`` clears those, so each call registers the
+    count again where it is gone."""
+    from torch._dynamo import callback_handler  # only a compiling decoder has imported dynamo
+
+    if _count_compile_work not in callback_handler.start_callbacks:
+        callback_handler.register_start_callback(_count_compile_work)
+    return _compile_work
+
+
 def bucket_of(batch: int) -> int:
     """Batch sizes 1-4 exactly, then half-octaves (5-6, 7-9, 10-13, 14-19, ...)."""
     return batch if batch <= 4 else 100 + round(2 * math.log2(batch))
@@ -604,6 +628,7 @@ class CostAwareLookahead(LookaheadPolicy):
     _probes: int = attrs.field(default=0, init=False, repr=False)
     _backoff: int = attrs.field(default=1, init=False, repr=False)  # probing is this many times rarer now
     _probe_best: int | None = attrs.field(default=None, init=False, repr=False)  # the best k when the last probe began
+    _probe_untimed: bool = attrs.field(default=False, init=False, repr=False)  # an iteration of that probe went untimed
     _probe_next: int | None = attrs.field(default=None, init=False, repr=False)  # a probe's timed second iteration
     # (the best k before a probe that moved it, choices left to watch whether the move holds)
     _probe_moved: tuple[int, int] | None = attrs.field(default=None, init=False, repr=False)
@@ -640,7 +665,7 @@ class CostAwareLookahead(LookaheadPolicy):
     # once already: off the CPU the first of each is not timed (_record)
     _warmed: set[tuple] = attrs.field(factory=set, init=False, repr=False)
     _first_runs_apart: bool = attrs.field(default=False, init=False, repr=False)  # the request's device is not the CPU
-    _graphs: int = attrs.field(default=0, init=False, repr=False)  # graphs torch.compile had made at the last lookahead
+    _compile_work: int = attrs.field(default=0, init=False, repr=False)  # compile_work_begun() at the last lookahead
 
     # --- the estimates ---------------------------------------------------------------------------
 
@@ -953,7 +978,9 @@ class CostAwareLookahead(LookaheadPolicy):
             k, self._probe_next = self._probe_next, None
             return Decision(k=k, best_k=best, probing=True, batch=batch, costs=costs, goodput=gains)
         if self._probe_best is not None:  # the first choice after a probe: did it move the best k?
-            if best == self._probe_best:
+            if self._probe_untimed:  # it measured nothing, so it confirmed nothing
+                self._probe_untimed = False
+            elif best == self._probe_best:
                 self._backoff = min(2 * self._backoff, self.probe_backoff)
             else:
                 self._probe_moved = (self._probe_best, self.PROBE_WATCH)
@@ -1041,7 +1068,7 @@ class CostAwareLookahead(LookaheadPolicy):
             # whatever k was: with an encoder's cross-attention, a large one): not a cost of k.
             self._row_cuts, self._pending = state.row_cuts, None
         if self._compiled_since(state):
-            self._pending = None
+            self._left_untimed()
         self._record(state.iteration, now)  # the previous iteration ends here
         rows = state.rows_host.tolist()
         batch = len(rows)
@@ -1086,17 +1113,24 @@ class CostAwareLookahead(LookaheadPolicy):
         return wish if wish is not None else torch.full((batch,), k, dtype=torch.long)
 
     def _compiled_since(self, state) -> bool:
-        """Whether torch.compile made a graph since the last lookahead, where the decoder compiles its
-        steps: the iteration then took compiling's seconds, not what k costs. On the bundled pair
-        with ``compile="draft"`` (stop 68, a CPU) the first drafted iterations took 1.4 s each,
-        and the policy, timing them, took plain steps for every request after."""
+        """Whether torch began compile work since the last lookahead, where the decoder compiles its
+        steps: a graph made, or on a GPU a CUDA graph recorded (the step's second run). The iteration
+        then took compiling's seconds, not what k costs. On the bundled pair with ``compile="draft"``
+        (stop 68, a CPU) the first drafted iterations took 1.4 s each, and the policy, timing them,
+        took plain steps for every request after."""
         if not getattr(state, "compile", None):
             return False
-        from torch._dynamo.utils import counters  # only a compiling decoder has imported dynamo
-
-        graphs = counters["stats"]["unique_graphs"]
-        compiled, self._graphs = graphs != self._graphs, graphs
+        work = compile_work_begun()
+        compiled, self._compile_work = work != self._compile_work, work
         return compiled
+
+    def _left_untimed(self) -> None:
+        """The iteration that just ended is not timed (it compiled, or was its shape's first run off
+        the CPU). Where it was a probe's, the probe measured nothing: judged as one that confirmed
+        the best k, it made probing twice as rare, and a probe's width is often one not run yet
+        (on a GPU its first run, with compiled steps a compile)."""
+        self._pending = None
+        self._probe_untimed = self._probe_untimed or self._probe_best is not None
 
     def _stays_plain(self, batch: int) -> bool:
         """Whether this iteration takes a plain step without choosing again: out of plain steps, for
@@ -1209,6 +1243,7 @@ class CostAwareLookahead(LookaheadPolicy):
         # at every size. A first read's shape is new every time, so its first is not set apart.
         if self._first_run(batch, width, warm, first, alternatives):
             self._warmed.add(self._shape(batch, width, warm, alternatives))
+            self._left_untimed()
             return
         fit = self._fits.get(bucket) or self._fits.setdefault(bucket, CostFit(log_batch=math.log2(batch)))
         seconds = now - started
