@@ -36,7 +36,8 @@ from bundled_pair import bundled_decoder, generation_options, load_bundled_pair 
 
 
 class Traced(CostAwareLookahead):
-    """``cost-aware`` that logs each decision and each iteration it timed into ``log``."""
+    """``cost-aware`` that logs each decision and each iteration it timed into ``log`` (with
+    ``seconds``), and each it left untimed because it compiled (with ``compiled_seconds``)."""
 
     log: list
 
@@ -48,6 +49,13 @@ class Traced(CostAwareLookahead):
             self.log.append(dict(iteration=previous, batch=batch, width=width, seconds=now - started,
                                  after_drafting=warm, first=first, first_run=first_run))
         super()._record(iteration, now)
+
+    def _left_untimed(self):
+        if self._pending is not None:  # one that began compile work (a first run is logged by _record)
+            previous, batch, width, started, warm, first = self._pending
+            self.log.append(dict(iteration=previous, batch=batch, width=width, compiled_seconds=self.clock() - started,
+                                 after_drafting=warm, first=first))
+        super()._left_untimed()
 
     def _fit_state(self, bucket):
         """The bucket's load and raw cells (seconds at load 1, decayed weight, decayed own timings),

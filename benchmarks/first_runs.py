@@ -77,6 +77,10 @@ def main() -> None:
         rest = statistics.median(times[1:])
         ratios.append(times[0] / rest)
         print(f"{batch:5d} {width:5d} {str(warm):>12} {len(times):4d} {times[0]:9.1f} {rest:15.1f} {times[0] / rest:11.2f}")
+    compiled = [entry["compiled_seconds"] for entry in policy.log if "compiled_seconds" in entry]
+    if compiled:
+        print(f"{len(compiled)} iterations compiled (not timed, not above): median {statistics.median(compiled):.2f} s, "
+              f"max {max(compiled):.2f} s")
     if ratios:
         print(f"first/rest over {len(ratios)} shapes: median {statistics.median(ratios):.2f}, "
               f"range {min(ratios):.2f}-{max(ratios):.2f}")

@@ -252,6 +252,9 @@ def report_policy(policy, batch: int) -> None:
                       + (f"; first runs set apart {apart} ms" if apart else ""))
             elif apart:
                 print(f"    width {width} {kind}: only first runs, set apart {apart} ms")
+    compiled = [round(1e3 * e["compiled_seconds"]) for e in log if "compiled_seconds" in e and e["batch"] == batch]
+    if compiled:
+        print(f"    {len(compiled)} iteration(s) compiled or recorded a CUDA graph, not timed: {compiled[:8]} ms")
     first_reads = [1e3 * e["seconds"] for e in timed if e["first"]]
     if first_reads:
         print(f"    first reads: {len(first_reads)}, median {statistics.median(first_reads):.1f} ms")
