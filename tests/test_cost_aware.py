@@ -902,6 +902,21 @@ class TestProbing:
         assert backoffs[False] == [2, 4]  # every run timed: each probe confirmed plain steps
         assert backoffs[True] == [1, 2]  # the first probe's runs were its shapes' first: no evidence
 
+    def test_only_the_probes_own_iterations_make_it_one_that_measured_nothing(self):
+        """Between a probe and its judgement (delayed where rows leave the batch) an untimed iteration
+        that was no probe's leaves the probe's evidence standing."""
+        policy = fed(CostAwareLookahead(probe_rate=0.25, probe_backoff=8), 1, {0: 10.0, 1: 11.0, 8: 18.0})
+        alpha, budget = torch.tensor([0.9]), torch.tensor([100])
+        while not policy.choose(1, alpha, budget).probing:
+            pass
+        policy.decision = attrs.evolve(policy.choose(1, alpha, budget), probing=False)  # an iteration after it
+        policy._probe_best = policy.decision.best_k  # not judged yet
+        policy._left_untimed()
+        assert not policy._probe_untimed
+        policy.decision = attrs.evolve(policy.decision, probing=True)  # the probe's own
+        policy._left_untimed()
+        assert policy._probe_untimed
+
     def test_a_batch_that_lost_rows_chooses_again_at_once(self):
         decisions, _ = self._plain_run(8, [4] * 40 + [3] * 3)
         assert decisions[39].batch == 4 and decisions[39].k == 0

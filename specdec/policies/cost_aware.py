@@ -1128,9 +1128,12 @@ class CostAwareLookahead(LookaheadPolicy):
         """The iteration that just ended is not timed (it compiled, or was its shape's first run off
         the CPU). Where it was a probe's, the probe measured nothing: judged as one that confirmed
         the best k, it made probing twice as rare, and a probe's width is often one not run yet
-        (on a GPU its first run, with compiled steps a compile)."""
+        (on a GPU its first run, with compiled steps a compile). ``self.decision`` is still the
+        ended iteration's: an untimed iteration after the probe (rows leaving the batch can delay
+        its judgement) does not make the probe one that measured nothing."""
         self._pending = None
-        self._probe_untimed = self._probe_untimed or self._probe_best is not None
+        probe = self._probe_best is not None and self.decision is not None and self.decision.probing
+        self._probe_untimed = self._probe_untimed or probe
 
     def _stays_plain(self, batch: int) -> bool:
         """Whether this iteration takes a plain step without choosing again: out of plain steps, for
