@@ -27,8 +27,11 @@ forward passes and no host syncs of its own:
   timing fewer per shape, which a probe then buys again). Nor, where the decoder compiles its steps
   (``compile``), on any device, an iteration in which torch.compile made a graph: on the bundled
   pair on a CPU with ``compile="draft"`` the first drafted iterations took 1.4 s each, and the
-  policy that timed them took plain steps for every request after. A bucket with too little data borrows the
-  relative slope ``b / a`` of the nearest bucket that has a fit (the choice depends only on it).
+  policy that timed them took plain steps for every request after. A timing counts as at most
+  ``CostFit.SPIKE`` (1.3) times what its k has cost: a neighbour's burst only ever slows an
+  iteration, and a width that one burst made look dear was seldom timed again (stop 70). A bucket
+  with too little data borrows the relative slope ``b / a`` of the nearest bucket that has a fit
+  (the choice depends only on it).
 * **Acceptance.** Each row's per-position acceptance alpha is estimated from what it drafted and
   what the target kept, accounting for truncation: a draft of m that was accepted in full says
   "m successes, no failure" (alpha is high, not m/m), also when m is short of the k asked (prompt
@@ -337,6 +340,16 @@ class CostFit:
     # A k's own cell weighs against the line's prediction for it as if the line were this many
     # observations of k.
     CELL_PRIOR = 2.0
+    # A timing counts as at most this many times its k's own mean at the current load. A shared
+    # host's noise is one-sided (a neighbour's burst makes an iteration 1.5-3x slower, never
+    # faster), and a width that looks dear is seldom run again, so one burst could price it out for
+    # good: at batch 4 on the bundled pair (``benchmarks/batch_replay.py``, 2% of iterations 1.5-3x
+    # slow) the draft model ran 0.961 of the best constant k, one seed in eight 0.885; clipped,
+    # 0.987. A real change of one k's cost is still followed (twelve timings at twice the cost move
+    # its cell 94% as far as taken whole), and one common to every k moves ``load``, by up to
+    # ``load_rate`` x 0.3 a timing, leaving the cells' ratios, which the choice reads, alone
+    # (docs/benchmarks.md, stop 70).
+    SPIKE = 1.3
 
     def add(self, k: int, seconds: float, decay: float, load_rate: float = 0.0) -> None:
         """Record an iteration of lookahead ``k`` that took ``seconds``.
@@ -355,7 +368,13 @@ class CostFit:
         drift by a fifth over a second, a fast start of a batch-16 pass put a k = 1 iteration at
         0.85-0.92 of a plain step, where it cost 1.06, and the policy drafted k = 1 through most of
         the pass; the same timings replayed with this share kept it at 1.00-1.07 (docs/benchmarks.md,
-        stop 48)."""
+        stop 48).
+
+        A timing above ``SPIKE`` times what its k has cost (its cell's mean at the current load)
+        counts as that much: a neighbour's burst, not the k's cost. A k's first timing has nothing
+        to be judged against and counts whole."""
+        if self.weight.get(k, 0.0) > 1e-3:
+            seconds = min(seconds, self.SPIKE * self.mean[k] * self.load)
         if load_rate > 0:
             predicted = self._predicted(k)
             if predicted is not None and predicted > 0:
