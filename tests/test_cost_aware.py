@@ -846,6 +846,32 @@ class TestProbing:
         policy = fed(CostAwareLookahead(probe_rate=0.5, probe_backoff=1, initial_k=1), 1, {0: 10.0, 1: 13.0})
         assert {d.k for d in (policy.choose(1, alpha, budget) for _ in range(40)) if d.probing} == {3}
 
+    def test_the_width_probed_in_place_of_a_lone_timed_one_is_priced_at_the_timed_ones_cost(self):
+        """Stop 70: at batch 4 with compiled draft steps, k = 1's one timing came out at 54 ms, twice
+        a plain step (a neighbour compiling; later runs took 26 ms). The line through it and the plain
+        step put k = 4 at 140 ms, so the probe that would time k = 4 was priced at 9 plain steps, and
+        in 512 iterations it never came: the batch took plain steps for two passes. Priced at what
+        the lone width cost, the probe comes, and its timing corrects the line."""
+        def probes(requests: int = 4, length: int = 64) -> list[int]:
+            policy = fed(CostAwareLookahead(), 4, {0: 0.025}, repeats=20)
+            policy._fits[4].add(1, 0.054, policy.decay, policy.load_rate)
+            policy._drafted_in_request = False
+            seen = []
+            for i in range(requests * length):
+                policy._iteration = i % length
+                decision = policy.choose(4, torch.full((4,), 0.7), torch.full((4,), 100))
+                assert decision.best_k == 0
+                if decision.probing:
+                    seen.append((i, decision.k))
+                    policy._probe_next = None
+            return seen
+
+        seen = probes()
+        assert seen and {k for _, k in seen} == {4}  # the initial k, to give the line a slope
+        # 2.3 plain steps' credit at 1/32 an iteration, spent at a request's first iteration (the
+        # first read is unpriced): the third request's; priced at k = 4's 140 ms (9 plain steps),
+        # none came in these four requests.
+        assert seen[0][0] == 128
     def test_probes_that_confirm_the_choice_back_off(self):
         """Each probe that leaves the best k where it was halves the probe rate, down to
         probe_rate / probe_backoff."""

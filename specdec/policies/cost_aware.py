@@ -1017,7 +1017,13 @@ class CostAwareLookahead(LookaheadPolicy):
         drafting = max((kk for kk in gains if kk > 0), key=lambda kk: gains[kk])  # the best speculative k
         price = 1.0  # in plain steps: a probe while speculating replaces one iteration by another
         if best == 0:
-            drafting = self._untimed_width(batch, drafting)
+            timed, drafting = drafting, self._untimed_width(batch, drafting)
+            # A width probed in place of the lone timed one is priced at no more than that one:
+            # its own cost is the line's guess, which through one drafted cell and the plain step
+            # reads drafting's fixed price as a price per token. At batch 4 with compiled draft
+            # steps, k = 1's one timing (54 ms, two plain steps; later runs 26 ms) put k = 4 at
+            # 140 ms, its probe at 9 plain steps, and none came in 512 iterations (stop 70).
+            probed = min(warm[drafting], warm[timed])
             # Out of plain steps a probe drafts twice, the first time with the catch-up: it waits
             # for credit worth what both take beyond the plain steps they replace, so that probing
             # takes at most probe_rate of the time. At batch 16 on the bundled pair a probe took
@@ -1028,7 +1034,7 @@ class CostAwareLookahead(LookaheadPolicy):
             # that has not drafted yet, the draft model's first read: at batch 16 on the bundled pair
             # 0.48 s, 11 plain steps, priced as a resume's 2 (docs/benchmarks.md, stop 32).
             catch_up = self._catch_up(bucket_of(batch))
-            price = max(price, (2 * warm[drafting] + catch_up - 2 * costs[0]) / costs[0])
+            price = max(price, (2 * probed + catch_up - 2 * costs[0]) / costs[0])
             if not self._drafted_in_request and bucket_of(batch) not in self._first_read and self._iteration > 0:
                 # The draft model's first read is not priced here yet (a request that drafts from its
                 # first iteration never times it): a probe waits for a request's first iteration,
