@@ -1070,7 +1070,8 @@ class CostAwareLookahead(LookaheadPolicy):
         looks best: the probes timed that width again and again and the line never changed. Prompt
         lookup under sampling at batch 1 on a Zen 4 EPYC timed only width 1, at 1.3 plain steps,
         and took plain steps throughout (1.00x of the target) where drafting 5 cost 1.04 plain steps
-        and constant k = 5 ran 1.13x (docs/benchmarks.md, stop 54)."""
+        and constant k = 5 ran 1.13x (docs/benchmarks.md, stop 54). ``choose`` prices such a probe
+        at the lone width's cost, not at the line's guess for the width it drafts (stop 70)."""
         fit = self._fits.get(bucket_of(batch))
         if fit is None or fit.speculative_widths() != [drafting]:
             return drafting
