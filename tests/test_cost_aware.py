@@ -555,6 +555,35 @@ class TestAcceptance:
         assert policy.proposal_rate(0) == pytest.approx(0.5, abs=0.01)  # one row of two got none
         assert policy.proposal_rate(40) == 1.0  # an octave not counted yet: asking is how it learns
 
+    def test_an_octave_drafted_in_once_reads_near_the_pool_not_the_octaves_before_it(self):
+        """Prompt lookup has least to copy early in a text: a run that failed there and took plain
+        steps after read the octaves it never drafted in as those early ones (each octave leaned on
+        the one before it) and never drafted late in a text, where it accepts most (stop 71)."""
+        policy = CostAwareLookahead(clock=lambda: 0.0)
+        policy._pool = [4.0, 16.0]
+        policy._by_generated = {0: [0.0, 12.0]}  # the first 8 tokens' drafts all rejected
+        pooled = policy.pooled_alpha()
+        assert pooled == pytest.approx((4.0 + 12 * 0.5) / (20.0 + 12))
+        assert policy.pooled_at(3) == pytest.approx(12 * pooled / (12.0 + 12))
+        assert policy.pooled_at(40) == pytest.approx(pooled)  # never drafted at 32-63: the pool
+        policy._by_generated[3] = [0.0, 1.0]  # drafted there once, rejected
+        assert policy.pooled_at(40) == pytest.approx(12 * pooled / 13)
+        assert policy.pooled_at(20) == pytest.approx(pooled)  # 16-31, between two octaves counted
+        assert policy.pooled_at(500) == pytest.approx(pooled)  # past the last octave counted
+
+    def test_an_octave_asked_in_twice_for_nothing_is_not_read_as_one_that_never_proposes(self):
+        """Two asks at 32-63 that found nothing to copy read as a share of 0 there, and the run never
+        asked there again; the octave's share leans on the share over every octave (stop 71)."""
+        policy = CostAwareLookahead(clock=lambda: 0.0)
+        policy._unproposed_by_generated = {0: [20.0, 0.5], 3: [2.0, 1.0]}
+        pool = policy.proposal_pool()
+        assert pool == pytest.approx(10.0 / 22.0)
+        prior = CostAwareLookahead.PROPOSAL_PRIOR
+        assert policy.proposal_rate(40) == pytest.approx(prior * pool / (2.0 + prior))
+        assert policy.proposal_rate(40) > 0.25
+        assert policy.proposal_rate(3) == pytest.approx((10.0 + prior * pool) / (20.0 + prior))
+        assert policy.proposal_rate(20) == 1.0  # not asked there yet: asking is how it learns
+
     def test_a_policy_that_stopped_the_draft_itself_counts_a_rejection(self):
         """draft-confidence sets the width it drafted (``time_at_width``): a stop before the first
         token is the policy's judgement of the draft, not a drafter with nothing to propose."""

@@ -552,7 +552,8 @@ def generated_bucket(generated: int) -> int:
 
 
 def _read_profile(profile: list[float], bucket: int) -> float:
-    """The pooled acceptance at ``bucket`` of ``_generated_profile``; past its last octave, the last."""
+    """The pooled acceptance at ``bucket`` of ``_generated_profile``; past its last octave counted,
+    the pool (its last entry)."""
     return profile[min(bucket, len(profile) - 1)]
 
 
@@ -582,6 +583,12 @@ class CostAwareLookahead(LookaheadPolicy):
     # where no k paid (with the benchmarks' float16 draft, stop 46), probes came at the full rate and
     # the policy ran 0.931 of plain steps (docs/benchmarks.md, stop 45).
     PROBE_WATCH = 8
+    # Pseudo-counts of the share of rows that got a draft over every octave in one octave's share.
+    # Taken alone, an octave prompt lookup had been asked in twice and found nothing to copy read as
+    # one where it never does (0 where the bundled pair's texts propose 0.89 of the time at 32-63),
+    # and the run took plain steps there for good. 2, 4 and 12 ran alike in the batch-1 replay
+    # (0.972, 0.973, 0.970 of the best constant k); 4 ran best at batch 4 (docs/benchmarks.md, stop 71).
+    PROPOSAL_PRIOR = 4.0
     SPREAD_DECAY = 0.9  # per finished request
 
     min_k: int = attrs.field(default=1, validator=integer(1))
@@ -700,16 +707,20 @@ class CostAwareLookahead(LookaheadPolicy):
 
     def _generated_profile(self) -> list[float]:
         """The pooled acceptance per octave of tokens generated (``generated_bucket``), up to the last
-        octave counted: each octave's counts on ``prior_strength`` pseudo-counts of the octave before
-        it (the first octave's: of ``pooled_alpha``), so an octave not counted yet reads as the last
-        one that was."""
-        rate, strength, profile = self.pooled_alpha(), self.prior_strength, []
-        for bucket in range(max(self._by_generated, default=0) + 1):
+        octave counted: each octave's counts on ``prior_strength`` pseudo-counts of ``pooled_alpha``,
+        so an octave not counted yet reads as the pool (``_read_profile``: past the last octave
+        too). Until stop 71 an octave leaned on the one before it, and one that prompt lookup had
+        drafted in once or twice read as the octaves before it, where a text has least to copy: on
+        the bundled pair it accepts 0.32 of the first draft in a text's first 8 tokens and 0.81 at
+        32-63, and a run that never drafted at 32-63 read it at 0.33 and took plain steps there for
+        good (docs/benchmarks.md, stop 71)."""
+        pooled, strength = self.pooled_alpha(), self.prior_strength
+        profile = []
+        for bucket in range(max(self._by_generated, default=-1) + 1):
             success, failure = self._by_generated.get(bucket, (0.0, 0.0))
-            if success + failure + strength > 0:
-                rate = (success + strength * rate) / (success + failure + strength)
-            profile.append(_clip(rate))
-        return profile
+            total = success + failure + strength
+            profile.append(_clip((success + strength * pooled) / total if total > 0 else pooled))
+        return profile + [_clip(pooled)]
 
     def row_alpha(self, rows: torch.Tensor) -> torch.Tensor:
         """[B] float64: each row's acceptance, its own counts on a prior of ``prior_strength`` pooled pseudo-counts."""
@@ -797,13 +808,25 @@ class CostAwareLookahead(LookaheadPolicy):
             tokens.append(total)
         return tokens
 
-    def proposal_rate(self, generated: int) -> float:
+    def proposal_rate(self, generated: int, pool: float | None = None) -> float:
         """The share of rows with about ``generated`` tokens generated that got a draft when asked
-        (1 for a model drafter). An octave not counted yet reads as 1: read as the octave before it,
-        where prompt lookup finds little to copy, a lone row took plain steps and never counted it
-        (0.975 of the best constant k in the batch-1 replay, 0.997 with 1; stop 42)."""
+        (1 for a model drafter): that octave's share on ``PROPOSAL_PRIOR`` pseudo-counts of the
+        share over every octave (``pool``, ``proposal_pool()`` unless given). An octave not counted
+        yet reads as 1: read as the octave before it, where prompt lookup finds little to copy, a
+        lone row took plain steps and never counted it (0.975 of the best constant k in the batch-1
+        replay, 0.997 with 1; stop 42)."""
         cell = self._unproposed_by_generated.get(generated_bucket(generated))
-        return 1.0 - cell[1] if cell is not None else 1.0
+        if cell is None:
+            return 1.0
+        weight, unproposed = cell
+        pool = self.proposal_pool() if pool is None else pool
+        return (weight * (1.0 - unproposed) + self.PROPOSAL_PRIOR * pool) / (weight + self.PROPOSAL_PRIOR)
+
+    def proposal_pool(self) -> float:
+        """The share of rows asked for drafts that got one, over every octave counted (1 before any)."""
+        cells = self._unproposed_by_generated.values()
+        weight = sum(w for w, _ in cells)
+        return sum(w * (1.0 - unproposed) for w, unproposed in cells) / weight if weight > 0 else 1.0
 
     def _row_proposal_rates(self, rows: list[int]) -> list[float]:
         """Each row's chance of getting a draft when asked: ``proposal_rate`` where it is in its text,
@@ -811,11 +834,11 @@ class CostAwareLookahead(LookaheadPolicy):
         beat the pool's where it was asked, as ``_row_alphas`` reads acceptance. Pooled alone, a
         text that never repeats itself read as one that does, and at batch 16 the batch drafted for
         rows that got nothing (stop 42)."""
-        strength = max(self.prior_strength, 1e-6)
+        strength, pool = max(self.prior_strength, 1e-6), self.proposal_pool()
         rates = []
         for row in rows:
             asked, expected, got = self._row_proposals[row]
-            here = self.proposal_rate(self._generated[row])
+            here = self.proposal_rate(self._generated[row], pool)
             if asked > 0 and got != expected:  # where it got what the pool expected there is nothing to carry
                 reference = _clip(expected / asked)
                 here = _carried(here, (got + strength * reference) / (asked + strength), reference)
@@ -1308,6 +1331,7 @@ class CostAwareLookahead(LookaheadPolicy):
         self._count_alternatives(step)
         decay, success, failure, history = self.alpha_decay, self._success, self._failure, self._row_history
         expected, profile = self._expected, None  # the profile only where a row drafted
+        pool = None  # proposal_pool(), where a row was asked
         pool_decay = self.alpha_decay ** (1 / 16)  # the pooled estimate moves slower than a row's
         counted: list[tuple[int, float]] = []  # (accepted, rejected) of each row asked to draft
         by_generated: dict[int, list[float]] = {}  # generated_bucket -> [accepted, rejected, rows] this step
@@ -1321,7 +1345,8 @@ class CostAwareLookahead(LookaheadPolicy):
             if asked > 0 and proposals:  # see _count_unproposed
                 counts = self._row_proposals[row]
                 counts[0] += 1.0
-                counts[1] += self.proposal_rate(self._generated[row])
+                pool = self.proposal_pool() if pool is None else pool
+                counts[1] += self.proposal_rate(self._generated[row], pool)
                 counts[2] += 1.0 if drafted else 0.0
                 _add_to_cell(self._unproposed_by_generated.setdefault(generated_bucket(self._generated[row]), [0.0, 0.0]),
                              0.0 if drafted else 1.0, pool_decay)
