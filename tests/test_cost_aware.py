@@ -1005,6 +1005,37 @@ class TestProbing:
         assert backoffs[False] == [2, 4]  # every run timed: each probe confirmed plain steps
         assert backoffs[True] == [1, 2]  # the first probe's runs were its shapes' first: no evidence
 
+    def test_a_probe_that_got_no_draft_confirms_nothing(self):
+        """Prompt lookup's probes out of plain steps come at a text's first iterations, where it has
+        mostly nothing to copy: the probe's drafted iteration ran as a plain step and timed no width.
+        Judged as one that confirmed plain steps, it made probing twice as rare (before stop 71)."""
+        backoffs = {}
+        for found in (True, False):
+            ticks = Ticks(lambda k: 10.0 + 20.0 * k)  # drafting never pays
+            policy = fed(CostAwareLookahead(clock=ticks, probe_rate=0.25, probe_backoff=8), 2,
+                         {0: 10.0, 1: 30.0, 2: 50.0})
+            policy._first_read[bucket_of(2)] = [1.0, 0.0]  # timed once before: probes may come mid-request
+            ticks.policy = policy
+            state = fake_state(2)
+            policy.begin(state, None)
+            probes, after = [], []
+            for iteration in range(400):
+                state.iteration = iteration
+                state.progress_host = lambda iteration=iteration: ([iteration] * 2, [1000] * 2)
+                k = int(policy.lookahead(state)[0])
+                decision = policy.decision
+                if decision.probing and decision.best_k == 0 and k > 0 and (not probes or iteration > probes[-1] + 1):
+                    probes.append(iteration)  # a probe out of plain steps: two drafted iterations
+                if probes and iteration == probes[-1] + 2:
+                    after.append(policy._backoff)  # the probe was judged at this choice
+                    if len(after) == 2:
+                        break
+                drafted = k if found or not decision.probing else 0
+                policy.on_step(state, step_of([0, 1], [drafted] * 2, [0] * 2))
+            backoffs[found] = after
+        assert backoffs[True] == [2, 4]  # each probe drafted and confirmed plain steps
+        assert backoffs[False] == [1, 1]  # nothing to copy: no width was timed
+
     def test_only_the_probes_own_iterations_make_it_one_that_measured_nothing(self):
         """Between a probe and its judgement (delayed where rows leave the batch) an untimed iteration
         that was no probe's leaves the probe's evidence standing."""

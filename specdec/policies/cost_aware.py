@@ -1408,6 +1408,12 @@ class CostAwareLookahead(LookaheadPolicy):
         none = not any(drafted for asked, drafted in zip(self.requested.tolist(), step.drafted_host.tolist()) if asked)
         if none:
             self._pending = (*pending[:2], 0, *pending[3:])
+            if self._probe_best is not None and self.decision.probing and self._probe_next is None:
+                # The probe's last drafted iteration timed a plain step: it measured no width, so it
+                # confirms nothing (as one left untimed), and probing does not grow rarer for it.
+                # Prompt lookup's probes out of plain steps come at a text's first iterations,
+                # where it mostly has nothing to copy (docs/benchmarks.md, stop 71).
+                self._probe_untimed = True
         return True
 
     def _count_alternatives(self, step) -> None:
