@@ -975,6 +975,29 @@ class TestProbing:
         assert all(0 <= b - a <= 1 for a, b in zip(*probes))
         assert all(d.k == 0 for decisions, _ in (every, every_eighth) for d in decisions[3:] if not d.probing)
 
+    @staticmethod
+    def _backoffs_after_two_probes(policy: CostAwareLookahead, ticks: Ticks, found: bool = True) -> list[int]:
+        """The backoff as each of the first two probes out of plain steps is judged, two rows
+        decoding with ``policy`` on ``ticks``; with ``found`` False a probe's rows get no draft."""
+        ticks.policy = policy
+        state = fake_state(2)
+        policy.begin(state, None)
+        probes, after = [], []
+        for iteration in range(400):
+            state.iteration = iteration
+            state.progress_host = lambda iteration=iteration: ([iteration] * 2, [1000] * 2)
+            k = int(policy.lookahead(state)[0])
+            decision = policy.decision
+            if decision.probing and decision.best_k == 0 and k > 0 and (not probes or iteration > probes[-1] + 1):
+                probes.append(iteration)  # a probe out of plain steps: two drafted iterations
+            if probes and iteration == probes[-1] + 2:
+                after.append(policy._backoff)  # the probe was judged at this choice
+                if len(after) == 2:
+                    break
+            drafted = k if found or not decision.probing else 0
+            policy.on_step(state, step_of([0, 1], [drafted] * 2, [0] * 2))
+        return after
+
     def test_a_probe_left_untimed_confirms_nothing(self, monkeypatch):
         """Off the CPU a probe's drafted iterations are often their shapes' first runs, and with
         compiled steps they compile: left untimed, the probe measured nothing. Judged as a probe that
@@ -984,24 +1007,8 @@ class TestProbing:
         for apart in (True, False):
             monkeypatch.setattr(cost_aware, "FIRST_RUNS_APART_ON_CPU", apart)
             ticks = Ticks(lambda k: 10.0 + 20.0 * k)
-            policy = CostAwareLookahead(clock=ticks, probe_rate=0.25, probe_backoff=8)
-            ticks.policy = policy
-            state = fake_state(2)
-            policy.begin(state, None)
-            probes, after = [], []
-            for iteration in range(400):
-                state.iteration = iteration
-                state.progress_host = lambda iteration=iteration: ([iteration] * 2, [1000] * 2)
-                k = int(policy.lookahead(state)[0])
-                decision = policy.decision
-                if decision.probing and decision.best_k == 0 and k > 0 and (not probes or iteration > probes[-1] + 1):
-                    probes.append(iteration)  # a probe out of plain steps: two drafted iterations
-                if probes and iteration == probes[-1] + 2:
-                    after.append(policy._backoff)  # the probe was judged at this choice
-                    if len(after) == 2:
-                        break
-                policy.on_step(state, step_of([0, 1], [k] * 2, [0] * 2))
-            backoffs[apart] = after
+            backoffs[apart] = self._backoffs_after_two_probes(
+                CostAwareLookahead(clock=ticks, probe_rate=0.25, probe_backoff=8), ticks)
         assert backoffs[False] == [2, 4]  # every run timed: each probe confirmed plain steps
         assert backoffs[True] == [1, 2]  # the first probe's runs were its shapes' first: no evidence
 
@@ -1015,24 +1022,7 @@ class TestProbing:
             policy = fed(CostAwareLookahead(clock=ticks, probe_rate=0.25, probe_backoff=8), 2,
                          {0: 10.0, 1: 30.0, 2: 50.0})
             policy._first_read[bucket_of(2)] = [1.0, 0.0]  # timed once before: probes may come mid-request
-            ticks.policy = policy
-            state = fake_state(2)
-            policy.begin(state, None)
-            probes, after = [], []
-            for iteration in range(400):
-                state.iteration = iteration
-                state.progress_host = lambda iteration=iteration: ([iteration] * 2, [1000] * 2)
-                k = int(policy.lookahead(state)[0])
-                decision = policy.decision
-                if decision.probing and decision.best_k == 0 and k > 0 and (not probes or iteration > probes[-1] + 1):
-                    probes.append(iteration)  # a probe out of plain steps: two drafted iterations
-                if probes and iteration == probes[-1] + 2:
-                    after.append(policy._backoff)  # the probe was judged at this choice
-                    if len(after) == 2:
-                        break
-                drafted = k if found or not decision.probing else 0
-                policy.on_step(state, step_of([0, 1], [drafted] * 2, [0] * 2))
-            backoffs[found] = after
+            backoffs[found] = self._backoffs_after_two_probes(policy, ticks, found)
         assert backoffs[True] == [2, 4]  # each probe drafted and confirmed plain steps
         assert backoffs[False] == [1, 1]  # nothing to copy: no width was timed
 
