@@ -1331,7 +1331,7 @@ class CostAwareLookahead(LookaheadPolicy):
         self._count_alternatives(step)
         decay, success, failure, history = self.alpha_decay, self._success, self._failure, self._row_history
         expected, profile = self._expected, None  # the profile only where a row drafted
-        pool = None  # proposal_pool(), where a row was asked
+        share = None  # proposal_pool(), where a row was asked
         pool_decay = self.alpha_decay ** (1 / 16)  # the pooled estimate moves slower than a row's
         counted: list[tuple[int, float]] = []  # (accepted, rejected) of each row asked to draft
         by_generated: dict[int, list[float]] = {}  # generated_bucket -> [accepted, rejected, rows] this step
@@ -1345,8 +1345,8 @@ class CostAwareLookahead(LookaheadPolicy):
             if asked > 0 and proposals:  # see _count_unproposed
                 counts = self._row_proposals[row]
                 counts[0] += 1.0
-                pool = self.proposal_pool() if pool is None else pool
-                counts[1] += self.proposal_rate(self._generated[row], pool)
+                share = self.proposal_pool() if share is None else share
+                counts[1] += self.proposal_rate(self._generated[row], share)
                 counts[2] += 1.0 if drafted else 0.0
                 _add_to_cell(self._unproposed_by_generated.setdefault(generated_bucket(self._generated[row]), [0.0, 0.0]),
                              0.0 if drafted else 1.0, pool_decay)
