@@ -40,7 +40,9 @@ forward passes and no host syncs of its own:
   nothing to copy) is not counted: it says nothing about what the drafter proposes, and it cost
   nothing beyond a plain step. A row's chance of getting a draft scales the tokens it is expected
   to gain: the share pooled per octave of tokens generated like the acceptance (early in a text
-  prompt lookup has less to copy; ``proposal_rate``), moved in log-odds by the row's own request
+  prompt lookup has less to copy; ``proposal_rate``; each octave on ``PROPOSAL_PRIOR``
+  pseudo-counts of the share over every octave, one not asked in yet read as 1), moved in log-odds
+  by the row's own request
   (some texts repeat themselves, others never). An iteration in which no row got a draft is timed
   as the plain step it was, and the chance that no row gets one mixes a plain step into the cost
   of asking for each k (``asked_costs``).
@@ -50,7 +52,8 @@ forward passes and no host syncs of its own:
   by ``alpha_decay`` per step so a row follows the text it is in, lean on the row's counts over its
   whole request so far (aged only when it drafts), and those lean on the pooled acceptance of all
   rows (kept across requests) where the row is in its text: the pool is kept per octave of tokens
-  generated (0-7, 8-15, 16-31, ...), and a row's counts are read against what the pool accepted
+  generated (0-7, 8-15, 16-31, ...; each octave on ``prior_strength`` pseudo-counts of the whole
+  pool, one not counted yet read as the pool, stop 71), and a row's counts are read against what the pool accepted
   where the row drafted, their log-odds above it carried to the pool where the row is now. Prompt
   lookup accepts more the more text there is to copy from (on the bundled pair 0.18 of the drafts
   in a text's first 8 tokens, 0.42 at 16-31, 0.76 at 48-63; the draft model 0.74 to 0.82): read
@@ -131,7 +134,8 @@ forward passes and no host syncs of its own:
   speculation keeps not paying, probing (a drafted iteration at a loss) costs less and less. A move
   is watched for ``PROBE_WATCH`` choices: one undone within them (a lucky timing of the probe's
   drafted iteration) counts as the probe confirming the old k. A probe whose iterations went
-  untimed (a shape's first run off the CPU, or one that compiled) measured nothing and confirms
+  untimed (a shape's first run off the CPU, or one that compiled), or whose drafted iteration got
+  no draft (prompt lookup found nothing to copy: a plain step), measured nothing and confirms
   nothing: the rate stays where it was.
 * **First-position alternatives** (``Draft.alternatives``, greedy decoding) widen the verify by a
   column each, and what a column costs depends on the CPU: on an AMD EPYC SmolLM2's 3-token verify
