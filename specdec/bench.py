@@ -18,16 +18,22 @@ lengths), so time alone would not compare them.
 The ideal speedup (Leviathan et al.) comes from the measured numbers: with alpha the per-token
 acceptance probability, k the mean lookahead and c the draft/target cost ratio of one forward,
 ``(1 - alpha^(k+1)) / ((1 - alpha) (k c + 1))``. alpha is solved from the measured mean accepted
-length tau = (1 - alpha^(k+1)) / (1 - alpha), so the ideal is tau / (k c + 1). A measured speedup
-above the ideal is not a speedup but timing noise (or a mis-measured c): it is flagged as such.
+length tau = (1 - alpha^(k+1)) / (1 - alpha), so the ideal is tau / (k c + 1). Every cost is a
+ratio to ``generate``'s one-token step, and the target step of Leviathan's formula is specdec's own
+plain step, p of ``generate``'s (``tau / (k c + p)``): specdec's cache appends in place where
+``generate``'s concatenates the whole cache each step (``core/cache.py``), and its batched steps
+read packed weights, so at large batches its plain step is the cheaper one (p = 0.68 at batch 64
+on the bundled pair on the project's Xeon; 1 at batch 1). A measured speedup above the ideal is
+not a speedup but timing noise (or a mis-measured c or p): it is flagged as such.
 
 Leviathan's ideal assumes that verifying k + 1 tokens costs one target step; on a CPU, and on a
 GPU at large batches, it costs more. The **ceiling** counts that too: with v the measured time of
-a (k + 1)-token target forward over a one-token one (interpolated at the mean lookahead), it is
-``tau / (k c + v)``, what a loop with no overhead of its own would reach with these models, this
-acceptance and this lookahead. The share of the ceiling reached is the loop's own efficiency.
-c and v are timed in turn, a target step, the draft's steps and the verify's forwards in every
-repeat (``step_costs``), so that the machine's slow spells fall on all of them alike.
+specdec's (k + 1)-token target forward over ``generate``'s one-token one (interpolated at the mean
+lookahead), it is ``tau / (k c + v)``, what a loop with no overhead of its own would reach with
+these models, this acceptance and this lookahead. The share of the ceiling reached is the loop's
+own efficiency. c, p and v are timed in turn, a target step, the draft's steps and specdec's
+target forwards in every repeat (``step_costs``), so that the machine's slow spells fall on all of
+them alike.
 
 Exactness is reported as the share of rows identical to the target's own greedy output. In
 float64 it is 1 by construction; in float32 and half precision a (k+1)-token verification and a
@@ -42,7 +48,7 @@ from __future__ import annotations
 import statistics
 import time
 from contextlib import nullcontext
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import attrs
 import torch
@@ -50,6 +56,7 @@ from transformers import DynamicCache
 
 from .config import SpecdecConfig
 from .core import gqa_attention, screened_head
+from .core.cache import grow_in_place
 from .core.models import cache_argument
 from .core.packed_linear import applies_to, packed_everywhere, packed_steps, packs_at
 from .core.types import token_id_list
@@ -71,9 +78,10 @@ class BenchRow:
     mean_lookahead: float | None = None
     alpha: float | None = None
     cost_ratio: float | None = None
+    plain_step_cost: float | None = None  # p: specdec's one-token target step over generate's
     ideal_speedup: float | None = None
     ratio_to_ideal: float | None = None
-    verify_cost: float | None = None  # v: a (k + 1)-token target forward over a one-token one, at the mean k
+    verify_cost: float | None = None  # v: specdec's (k + 1)-token target forward over generate's one-token one, at the mean k
     ceiling_speedup: float | None = None  # tau / (k c + v)
     ratio_to_ceiling: float | None = None
     exact: bool | None = None  # every row identical to the target's (None: sampled, not checked)
@@ -118,35 +126,31 @@ def ceiling_speedup(tau: float, k: float, c: float, v: float) -> float:
     return tau / (k * c + v)
 
 
+@torch.no_grad()
 def forward_cost(model, batch_size: int, context: int, repeats: int = 20, packed: bool = False) -> float:
     """Seconds for one single-token forward with ``context`` tokens cached (the draft's unit of work);
     with ``packed``, as specdec runs a drafter's step (on packed weights where that is faster)."""
-    return block_cost(model, batch_size, context, 1, repeats, packed=packed, one_row=packed)
-
-
-@torch.no_grad()
-def block_cost(model, batch_size: int, context: int, width: int, repeats: int = 20, packed: bool = False,
-               one_row: bool = False) -> float:
-    """Seconds for one forward of ``width`` new tokens per row with ``context`` tokens cached (a
-    verify of ``width - 1`` drafts), the logits of all of them kept; with ``packed``, as specdec runs
-    it on packed weights (``core/packed_linear.py``; one-row calls too with ``one_row``, a drafter's)."""
-    forward = _CachedForward(model, batch_size, context, width, packed, one_row)
+    forward = _CachedForward(model, batch_size, context, 1, packed, one_row=packed)
     return statistics.median(forward.time() for _ in range(repeats))
 
 
 class _CachedForward:
     """One model's forward over ``width`` new tokens per row after ``context`` cached ones, timed as
     often as asked, the cache cut back after each timing. ``verify``: as specdec's verify reads the
-    block on a CPU, with its 2D mask and its grouped-query attention (``core/gqa_attention.py``)."""
+    block on a CPU, with its 2D mask and its grouped-query attention (``core/gqa_attention.py``).
+    ``in_place``: through specdec's cache, which appends in place (``core/cache.py``), where
+    ``generate``'s concatenates the whole cache with each step's keys and values (a third of its
+    one-token step at batch 64 on the bundled pair)."""
 
     def __init__(self, model, batch_size: int, context: int, width: int, packed: bool = False, one_row: bool = False,
-                 verify: bool = False, precision: str = "highest", screened: bool = False, copies: bool = True):
+                 verify: bool = False, precision: str = "highest", screened: bool = False, copies: bool = True,
+                 in_place: bool = False):
         self.model, self.width, self.packed, self.one_row = model, width, packed, one_row
         self.copies = copies  # packed copies of the weights, else the copy-free routes (packed_weights = false)
         self.precision = precision  # a drafter's matmul_precision (its steps' bfloat16 weights)
         self.screened = screened  # a greedy verify's LM head, screened in bfloat16 (core/screened_head.py)
         ids = torch.randint(3, model.config.vocab_size, (batch_size, context + width), device=model.device)
-        self.cache = DynamicCache()
+        self.cache = grow_in_place(DynamicCache()) if in_place else DynamicCache()
         self.argument = cache_argument(model)
         with torch.no_grad():
             model(input_ids=ids[:, :context], use_cache=True, logits_to_keep=1, **{self.argument: self.cache})
@@ -178,61 +182,62 @@ def _screens(decoder, target) -> bool:
             and screened_head.applies_to(target) and bool(screened_head.prepare(target)))
 
 
+class StepCosts(NamedTuple):
+    """What the ideal and the ceiling divide by, each a ratio to ``generate``'s one-token target step."""
+
+    c: float  # a draft step (0 without a draft model)
+    v: float  # specdec's (k + 1)-token verify at the mean lookahead k
+    p: float  # specdec's own one-token target step: its plain step
+
+
 def step_costs(target, draft, batch_size: int, k: float, context: int = 128, repeats: int = 20, packed: bool = False,
                draft_packed: bool = False, draft_precision: str = "highest", screened: bool = False,
-               copies: bool = True) -> tuple[float, float]:
-    """(c, v) for the ideal and the ceiling at a mean lookahead ``k``: c a draft step (at the drafter's
-    ``matmul_precision``) over ``generate``'s one-token target step (0 without a ``draft``), v a (k + 1)-token target forward over that step
-    (``verify_cost``), read as specdec's verify reads it (with ``packed``, on packed weights, or on the
-    copy-free routes without ``copies``; its mask and
-    grouped attention, its LM head screened with ``screened``: without them the ceiling's verify ran slower than the loop's and the loop
-    reached 101-108% of its ceiling).
+               copies: bool = True) -> StepCosts:
+    """(c, v, p) for the ideal and the ceiling at a mean lookahead ``k``, over ``generate``'s
+    one-token target step (its cache concatenating, its weights unpacked): c a draft step (at the
+    drafter's ``matmul_precision``), v a (k + 1)-token target forward (``verify_cost``) and p a
+    one-token one, both read as specdec's verify reads them (through its in-place cache; with
+    ``packed``, on packed weights, or on the copy-free routes without ``copies``; its mask and
+    grouped attention, its LM head screened with ``screened``: without them the ceiling's verify ran
+    slower than the loop's and the loop reached 101-108% of its ceiling), the draft's steps through
+    the in-place cache too (without it a plain-step row at batch 64 read 124% of its ideal).
 
-    Timed in turn, as the loop runs them: each repeat times the target's one-token step, then
+    Timed in turn, as the loop runs them: each repeat times ``generate``'s one-token step, then
     round(k) draft steps in a row (their mean; the first reads weights the target's forward pushed out
-    of the CPU's caches, as in the loop), then the target's forwards at the verify widths either side of
-    k + 1; c and v are ratios of medians. Timed apart, as before stop 35, a slow spell of the machine
-    landed on one part alone: the same draft's c read 0.11 and 0.20 in one run, and the share of the
-    ceiling 83-110%."""
+    of the CPU's caches, as in the loop), then specdec's target forwards of one token and at the
+    verify widths either side of k + 1; the costs are ratios of medians. Timed apart, as before stop
+    35, a slow spell of the machine landed on one part alone: the same draft's c read 0.11 and 0.20 in
+    one run, and the share of the ceiling 83-110%."""
     low = int(k)
-    widths = sorted({low + 1} | ({low + 2} if k > low else set()))
+    widths = sorted({1, low + 1} | ({low + 2} if k > low else set()))
     step = _CachedForward(target, batch_size, context, 1)
-    blocks = {width: _CachedForward(target, batch_size, context, width, packed=packed, verify=True, screened=screened,
-                                    copies=copies)
-              for width in widths if width > 1}
-    drafting = (_CachedForward(draft, batch_size, context, 1, draft_packed, draft_packed, precision=draft_precision)
+    own = {width: _CachedForward(target, batch_size, context, width, packed=packed, verify=True, screened=screened,
+                                 copies=copies, in_place=True)
+           for width in widths}
+    drafting = (_CachedForward(draft, batch_size, context, 1, draft_packed, draft_packed, precision=draft_precision,
+                               in_place=True)
                 if draft is not None else None)
     runs = max(1, round(k))
-    steps, drafts, verifies = [], [], {width: [] for width in blocks}
+    steps, drafts, forwards = [], [], {width: [] for width in own}
     for _ in range(repeats):
         steps.append(step.time())
         if drafting is not None:
             drafts.append(drafting.time(runs))
-        for width, forward in blocks.items():
-            verifies[width].append(forward.time())
+        for width, forward in own.items():
+            forwards[width].append(forward.time())
     one = statistics.median(steps)
-    measured = {(1, False): one, (1, True): one}  # a target's one-row call is never packed
-    measured.update({(width, packed): statistics.median(times) for width, times in verifies.items()})
+    seconds = {width: statistics.median(times) for width, times in forwards.items()}
     c = statistics.median(drafts) / one if drafts else 0.0
-    return c, verify_cost(target, batch_size, k, context, measured=measured, packed=packed)
+    return StepCosts(c, verify_cost(k, seconds, one), seconds[1] / one)
 
 
-def verify_cost(model, batch_size: int, k: float, context: int = 128, measured: dict | None = None,
-                packed: bool = False) -> float:
-    """v at a mean lookahead ``k``: a (k + 1)-token forward (on packed weights with ``packed``) over
-    ``generate``'s one-token one, linear between the widths either side of k + 1 (``measured``,
-    (width, packed) -> seconds, keeps the timings for reuse)."""
-    measured = {} if measured is None else measured
-
-    def seconds(width: int, packed: bool) -> float:
-        if (width, packed) not in measured:
-            measured[width, packed] = block_cost(model, batch_size, context, width, packed=packed)
-        return measured[width, packed]
-
+def verify_cost(k: float, own: dict[int, float], step: float) -> float:
+    """v at a mean lookahead ``k``: specdec's (k + 1)-token target forward (``own``, width -> seconds)
+    over ``generate``'s one-token step (``step`` seconds), linear between the widths either side of
+    k + 1."""
     low = int(k)
     share = k - low
-    blended = (1 - share) * seconds(low + 1, packed) + (share * seconds(low + 2, packed) if share else 0.0)
-    return blended / seconds(1, False)
+    return ((1 - share) * own[low + 1] + (share * own[low + 2] if share else 0.0)) / step
 
 
 def _new_token_rows(sequences: torch.Tensor, prompt_width: int, eos: list[int]) -> list[list[int]]:
@@ -477,13 +482,14 @@ def run_bench(
             tau = new / row_steps if row_steps else 0.0
             k_mean = drafted / row_steps if row_steps else 0.0
             draft = decoder.drafter.model if drafter == "model" else None
-            c, v = (step_costs(target, draft, batch_size, k_mean, packed=applies_to(target), copies=decoder.packed_weights,
-                               draft_packed=draft is not None and decoder.packed_weights and applies_to(draft),
-                               draft_precision=getattr(decoder.drafter, "matmul_precision", "highest"),
-                               screened=_screens(decoder, target))
-                    if row_steps else (0.0, None))
+            c, v, p = (step_costs(target, draft, batch_size, k_mean, packed=applies_to(target),
+                                  copies=decoder.packed_weights,
+                                  draft_packed=draft is not None and decoder.packed_weights and applies_to(draft),
+                                  draft_precision=getattr(decoder.drafter, "matmul_precision", "highest"),
+                                  screened=_screens(decoder, target))
+                       if row_steps else (0.0, None, None))
             alpha = solve_alpha(tau, k_mean)
-            ideal = tau / (k_mean * c + 1) if row_steps else None
+            ideal = tau / (k_mean * c + p) if row_steps else None
             ceiling = ceiling_speedup(tau, k_mean, c, v) if row_steps else None
             speedup, low, high = _spread(s["paired"])
             hf = assisted_of.get((drafter, policy))
@@ -499,6 +505,7 @@ def run_bench(
                     mean_lookahead=k_mean,
                     alpha=alpha,
                     cost_ratio=c,
+                    plain_step_cost=p,
                     ideal_speedup=ideal,
                     ratio_to_ideal=speedup / ideal if ideal else None,
                     verify_cost=v,

@@ -627,7 +627,7 @@ class TestBenchMeasures:
         import specdec.bench
 
         # the draft "costs" 1000 target forwards: the ideal is far below 1
-        monkeypatch.setattr(specdec.bench, "step_costs", lambda *a, **k: (1000.0, 1.0))
+        monkeypatch.setattr(specdec.bench, "step_costs", lambda *a, **k: specdec.bench.StepCosts(1000.0, 1.0, 1.0))
         out = tmp_path / "b.json"
         result = runner.invoke(app, ["bench", "-c", str(pair), "--batch-sizes", "1", "--num-prompts", "1",
                                      "--max-new-tokens", "4", "--repeats", "1", "--warmup", "0", "--no-assisted",
@@ -636,6 +636,25 @@ class TestBenchMeasures:
         row = json.loads(out.read_text())["results"][-1]
         assert row["noise"] is True and row["ratio_to_ideal"] > 1
         assert "noise" in result.stdout and "timing noise" in result.stderr
+
+    def test_the_ideal_counts_specdecs_own_plain_step(self, pair, tmp_path, monkeypatch):
+        """Leviathan's target step is specdec's own plain step, p of generate's: at batch 64 on the
+        bundled pair its in-place cache made it 0.68 of generate's, and plain-step rows read "noise"."""
+        import specdec.bench
+
+        monkeypatch.setattr(specdec.bench, "step_costs", lambda *a, **k: specdec.bench.StepCosts(0.0, 0.25, 0.25))
+        out = tmp_path / "b.json"
+        config = tmp_path / "plain.toml"
+        config.write_text(pair.read_text().replace('use = "constant"\nk = 3', 'use = "constant"\nk = 0')
+                          .replace('model = "target"', f'model = "{pair.parent / "target"}"'))
+        result = runner.invoke(app, ["bench", "-c", str(config), "--batch-sizes", "2", "--num-prompts", "2",
+                                     "--max-new-tokens", "4", "--repeats", "1", "--warmup", "0", "--no-assisted",
+                                     "--drafters", "ngram", "--out", str(out)])
+        assert result.exit_code == 0, result.output
+        row = json.loads(out.read_text())["results"][-1]
+        assert row["mean_lookahead"] == 0 and row["plain_step_cost"] == 0.25
+        assert row["ideal_speedup"] == pytest.approx(4.0) and row["ceiling_speedup"] == pytest.approx(4.0)
+        assert row["noise"] is False and "timing noise" not in result.stderr
 
 
 class TestReadmeSnippet:
@@ -660,25 +679,33 @@ def test_the_ceilings_costs_are_timed_in_turn_as_the_loop_runs_them(monkeypatch)
 
     target = AutoModelForCausalLM.from_pretrained(PAIR / "target", dtype=torch.float32, local_files_only=True).eval()
     draft = AutoModelForCausalLM.from_pretrained(PAIR / "draft", dtype=torch.float32, local_files_only=True).eval()
+    from specdec.core.cache import GrowingLayer
+
     calls = []
     for name, model in (("target", target), ("draft", draft)):
         original = model.forward
 
         @functools.wraps(original)  # its signature kept: the cache argument's name is read from it
         def counted(*args, name=name, original=original, **kwargs):
-            calls.append((name, kwargs["input_ids"].shape[1], kwargs.get("attention_mask") is not None))
+            cache = kwargs.get("cache", kwargs.get("past_key_values"))
+            in_place = getattr(cache, "layer_class_to_replicate", None) is GrowingLayer
+            calls.append((name, kwargs["input_ids"].shape[1], kwargs.get("attention_mask") is not None, in_place))
             return original(*args, **kwargs)
 
         monkeypatch.setattr(model, "forward", counted)
-    c, v = specdec.bench.step_costs(target, draft, 2, 2.5, context=16, repeats=2)
-    assert c > 0 and v > 0
-    # round(2.5) = 2 drafts; the verify blocks with a mask, as specdec's verify reads them (generate's step: none)
-    one_repeat = [("target", 1, False), ("draft", 1, False), ("draft", 1, False), ("target", 3, True), ("target", 4, True)]
-    prefills = [("target", 16, False)] * 3 + [("draft", 16, False)]
+    c, v, p = specdec.bench.step_costs(target, draft, 2, 2.5, context=16, repeats=2)
+    assert c > 0 and v > 0 and p > 0
+    # generate's step through its own concatenating cache; round(2.5) = 2 drafts, then specdec's plain
+    # step and the verify blocks (with a mask), all three through specdec's cache, appending in place
+    one_repeat = [("target", 1, False, False), ("draft", 1, False, True), ("draft", 1, False, True),
+                  ("target", 1, False, True), ("target", 3, True, True), ("target", 4, True, True)]
+    prefills = [("target", 16, False, False)] + [("target", 16, False, True)] * 3 + [("draft", 16, False, True)]
     assert calls == prefills + one_repeat * 2
     calls.clear()
-    c, v = specdec.bench.step_costs(target, None, 1, 0.0, context=16, repeats=1)  # n-gram: no draft, no verify block
-    assert c == 0.0 and v == pytest.approx(1.0) and calls == [("target", 16, False), ("target", 1, False)]
+    c, v, p = specdec.bench.step_costs(target, None, 1, 0.0, context=16, repeats=1)  # n-gram: no draft
+    assert c == 0.0 and v == p  # k = 0: the verify is specdec's plain step
+    assert calls == [("target", 16, False, False), ("target", 16, False, True), ("target", 1, False, False),
+                     ("target", 1, False, True)]
 
 
 def test_ceiling_counts_the_verify_cost():
@@ -687,13 +714,12 @@ def test_ceiling_counts_the_verify_cost():
     assert ceiling_speedup(3.0, 4, 0.1, 1.0) == pytest.approx(3.0 / 1.4)  # v = 1: Leviathan's ideal
     assert ideal_speedup(1.0, 2, 0.0) == pytest.approx(3.0)
     assert ceiling_speedup(3.0, 4, 0.1, 2.0) == pytest.approx(3.0 / 2.4)
-    # v interpolates between the widths either side of k + 1, from the timings it is handed
-    measured = {(1, False): 1.0, (3, False): 1.5, (4, False): 2.5, (1, True): 0.9, (3, True): 1.2, (4, True): 1.3}
-    assert verify_cost(None, 1, 2.0, measured=measured) == pytest.approx(1.5)
-    assert verify_cost(None, 1, 2.5, measured=measured) == pytest.approx(2.0)
-    assert verify_cost(None, 1, 0.0, measured=measured) == pytest.approx(1.0)
-    # on packed weights: the packed block over generate's own (unpacked) one-token step
-    assert verify_cost(None, 1, 2.5, measured=measured, packed=True) == pytest.approx(1.25)
+    # v interpolates between specdec's forwards either side of k + 1, over generate's one-token step
+    own = {1: 0.9, 2: 1.0, 3: 1.2, 4: 1.3}
+    assert verify_cost(2.0, own, step=1.0) == pytest.approx(1.2)
+    assert verify_cost(2.5, own, step=1.0) == pytest.approx(1.25)
+    assert verify_cost(0.5, own, step=2.0) == pytest.approx(0.475)
+    assert verify_cost(0.0, own, step=1.0) == pytest.approx(0.9)  # k = 0: specdec's plain step
 
 
 @pytest.fixture

@@ -97,7 +97,7 @@ def bench(
         title=f"specdec bench · {len(prompts)} prompts · {max_new_tokens} new tokens · {mode} · {dtype} · "
         f"{repeats} interleaved repeat(s): median [min-max]"
     )
-    for column in ("batch", "method", "tok/s", "vs target", "vs assisted", "accept", "tokens/call", "c", "v", "ideal", "of ideal", "ceiling", "of ceiling", "identical rows"):
+    for column in ("batch", "method", "tok/s", "vs target", "vs assisted", "accept", "tokens/call", "c", "p", "v", "ideal", "of ideal", "ceiling", "of ceiling", "identical rows"):
         table.add_column(column, justify="left" if column == "method" else "right")
 
     def fmt(value, pattern="{:.2f}"):
@@ -125,13 +125,13 @@ def bench(
         table.add_row(
             str(row.batch_size), method, fmt(row.tokens_per_s, "{:.1f}"), speed,
             fmt(row.speedup_vs_assisted, "{:.2f}x"), fmt(row.acceptance_rate, "{:.0%}"), fmt(row.mean_accepted_length),
-            fmt(row.cost_ratio, "{:.3f}"), fmt(row.verify_cost, "{:.2f}"), fmt(row.ideal_speedup, "{:.2f}x"), of_ideal,
+            fmt(row.cost_ratio, "{:.3f}"), fmt(row.plain_step_cost), fmt(row.verify_cost, "{:.2f}"), fmt(row.ideal_speedup, "{:.2f}x"), of_ideal,
             fmt(row.ceiling_speedup, "{:.2f}x"), fmt(row.ratio_to_ceiling, "{:.0%}"), identical,
         )
     # Piped, the table keeps its columns readable rather than wrapping at 80.
     (Console() if is_terminal(sys.stdout) else Console(width=240)).print(table)
     if noisy:
-        errors.print("[yellow]A speedup above the ideal is timing noise (or a mis-measured draft cost c), not a result: "
+        errors.print("[yellow]A speedup above the ideal is timing noise (or a mis-measured cost c or p), not a result: "
                      "rerun with more --repeats on a quieter machine.[/]")
     inexact = [row for row in rows if row.identical_rows is not None and row.identical_rows < 1]
     wrong = [row for row in inexact if row.wrong_tokens]
