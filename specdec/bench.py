@@ -84,6 +84,7 @@ class BenchRow:
     verify_cost: float | None = None  # v: specdec's (k + 1)-token target forward over generate's one-token one, at the mean k
     ceiling_speedup: float | None = None  # tau / (k c + v)
     ratio_to_ceiling: float | None = None
+    occupancy: float | None = None  # row steps over iterations x rows: a batch's share still decoding, per iteration
     exact: bool | None = None  # every row identical to the target's (None: sampled, not checked)
     note: str = ""
     seconds_min: float | None = None
@@ -479,6 +480,7 @@ def run_bench(
             drafted = sum(o.stats.drafted for o in outs)
             accepted = sum(o.stats.accepted for o in outs)
             row_steps = sum(o.stats.row_steps for o in outs)
+            row_slots = sum(o.stats.iterations * o.stats.rows for o in outs)
             tau = new / row_steps if row_steps else 0.0
             k_mean = drafted / row_steps if row_steps else 0.0
             draft = decoder.drafter.model if drafter == "model" else None
@@ -511,6 +513,7 @@ def run_bench(
                     verify_cost=v,
                     ceiling_speedup=ceiling,
                     ratio_to_ceiling=speedup / ceiling if ceiling else None,
+                    occupancy=row_steps / row_slots if row_slots else None,
                     exact=None if identical is None else identical == 1.0,
                     seconds_min=s["seconds_min"], seconds_max=s["seconds_max"],
                     speedup_min=low, speedup_max=high,

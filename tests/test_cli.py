@@ -637,6 +637,19 @@ class TestBenchMeasures:
         assert row["noise"] is True and row["ratio_to_ideal"] > 1
         assert "noise" in result.stdout and "timing noise" in result.stderr
 
+    def test_occupancy_is_the_share_of_a_batchs_rows_still_decoding(self, pair, tmp_path):
+        """A batch decodes until its slowest row ends: at batch 16 on the bundled pair, constant k = 5
+        left a third of its row slots idle, which is what its ceiling did not count."""
+        out = tmp_path / "b.json"
+        result = runner.invoke(app, ["bench", "-c", str(pair), "--batch-sizes", "1,4", "--num-prompts", "4",
+                                     "--max-new-tokens", "6", "--repeats", "1", "--warmup", "0", "--no-assisted",
+                                     "--out", str(out)])
+        assert result.exit_code == 0, result.output
+        assert "occupancy" in result.stdout
+        rows = {r["batch_size"]: r for r in json.loads(out.read_text())["results"] if r["method"].startswith("specdec")}
+        assert rows[1]["occupancy"] == 1.0  # a lone row is the whole batch at every iteration
+        assert 0 < rows[4]["occupancy"] <= 1
+
     def test_the_ideal_counts_specdecs_own_plain_step(self, pair, tmp_path, monkeypatch):
         """Leviathan's target step is specdec's own plain step, p of generate's: at batch 64 on the
         bundled pair its in-place cache made it 0.74-0.80 of generate's, and plain-step rows at 1.2x

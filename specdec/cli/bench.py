@@ -97,7 +97,7 @@ def bench(
         title=f"specdec bench · {len(prompts)} prompts · {max_new_tokens} new tokens · {mode} · {dtype} · "
         f"{repeats} interleaved repeat(s): median [min-max]"
     )
-    for column in ("batch", "method", "tok/s", "vs target", "vs assisted", "accept", "tokens/call", "c", "p", "v", "ideal", "of ideal", "ceiling", "of ceiling", "identical rows"):
+    for column in ("batch", "method", "tok/s", "vs target", "vs assisted", "accept", "tokens/call", "c", "p", "v", "ideal", "of ideal", "ceiling", "of ceiling", "occupancy", "identical rows"):
         table.add_column(column, justify="left" if column == "method" else "right")
 
     def fmt(value, pattern="{:.2f}"):
@@ -126,7 +126,8 @@ def bench(
             str(row.batch_size), method, fmt(row.tokens_per_s, "{:.1f}"), speed,
             fmt(row.speedup_vs_assisted, "{:.2f}x"), fmt(row.acceptance_rate, "{:.0%}"), fmt(row.mean_accepted_length),
             fmt(row.cost_ratio, "{:.3f}"), fmt(row.plain_step_cost), fmt(row.verify_cost, "{:.2f}"), fmt(row.ideal_speedup, "{:.2f}x"), of_ideal,
-            fmt(row.ceiling_speedup, "{:.2f}x"), fmt(row.ratio_to_ceiling, "{:.0%}"), identical,
+            fmt(row.ceiling_speedup, "{:.2f}x"), fmt(row.ratio_to_ceiling, "{:.0%}"),
+            fmt(row.occupancy, "{:.0%}"), identical,
         )
     # Piped, the table keeps its columns readable rather than wrapping at 80.
     (Console() if is_terminal(sys.stdout) else Console(width=240)).print(table)
