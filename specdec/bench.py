@@ -201,7 +201,9 @@ def step_costs(target, draft, batch_size: int, k: float, context: int = 128, rep
     ``packed``, on packed weights, or on the copy-free routes without ``copies``; its mask and
     grouped attention, its LM head screened with ``screened``: without them the ceiling's verify ran
     slower than the loop's and the loop reached 101-108% of its ceiling), the draft's steps through
-    the in-place cache too (without it a plain-step row at batch 64 read 124% of its ideal).
+    the in-place cache too (without it a plain-step row at batch 64 read 124% of its ideal). That is
+    the dynamic path's cache; a static cache's steps, which attend over its whole capacity, are not
+    modelled.
 
     Timed in turn, as the loop runs them: each repeat times ``generate``'s one-token step, then
     round(k) draft steps in a row (their mean; the first reads weights the target's forward pushed out
