@@ -366,7 +366,7 @@ def main():
         base = samples.get("target")
         print(f"\nbatch {batch}: {len(rows)} prompts, {tokens} new tokens, c = {c:.3f}")
         print(f"{'contender':26s} {'tok/s':>9s} {'vs target':>17s} {'accept':>6s} {'tau':>5s} {'ideal':>6s} "
-              f"{'of ideal':>8s} {'peak GiB':>8s} {'identical':>9s}")
+              f"{'of ideal':>8s} {'occupancy':>9s} {'peak GiB':>8s} {'identical':>9s}")
         for label in runs:
             seconds = statistics.median(samples[label])
             paired = [b / s for s, b in zip(samples[label], base)] if base else [float("nan")]
@@ -378,14 +378,17 @@ def main():
             row["identical"] = (sum(a == b for a, b in zip(flat, reference)) / len(flat)) if reference else None
             if reference and label != "target":
                 row["differences"] = explain_differences(target, flat, reference)
-            accept = tau = ideal = None
+            accept = tau = ideal = occupancy = None
             if outs is not None:
                 drafted = sum(o.stats.drafted for o in outs)
                 accept = sum(o.stats.accepted for o in outs) / drafted if drafted else 0.0
                 row_steps = sum(o.stats.row_steps for o in outs)
                 tau, k_mean = tokens / row_steps, drafted / row_steps
                 ideal = tau / (k_mean * c + 1)
+                # a batch runs until its slowest row ends: the share of its row slots still decoding
+                occupancy = row_steps / sum(o.stats.iterations * o.stats.rows for o in outs)
             row.update(acceptance=accept, tau=tau, ideal=ideal, of_ideal=speedup / ideal if ideal else None,
+                       occupancy=occupancy,
                        graphs_at_warmup=compiled[label][0], graphs_timed=compiled[label][1],
                        cudagraph_skips=compiled[label][2], compile_work_timed=compiled[label][3])
             results.append(row)
@@ -395,7 +398,7 @@ def main():
 
             print(f"{label:26s} {row['tokens_per_s']:9.1f} {speedup:6.2f}x [{min(paired):.2f}-{max(paired):.2f}] "
                   f"{fmt(accept, '6.0%')} {fmt(tau, '5.2f')} {fmt(ideal, '5.2f')} {fmt(row['of_ideal'], '8.0%')} "
-                  f"{fmt(memory[label], '8.2f')} {fmt(row['identical'], '9.0%')}", flush=True)
+                  f"{fmt(occupancy, '9.0%')} {fmt(memory[label], '8.2f')} {fmt(row['identical'], '9.0%')}", flush=True)
             for d in row.get("differences", []):
                 print(f"    row {d['row']}: first differs at new token {d['position']} ({d['reference_token']} vs "
                       f"{d['other_token']}); the target alone there: margin {d['reference_margin']:.4f} "
