@@ -690,11 +690,10 @@ def test_the_ceilings_costs_are_timed_in_turn_as_the_loop_runs_them(monkeypatch)
     from transformers import AutoModelForCausalLM
 
     import specdec.bench
+    from specdec.core.cache import GrowingLayer
 
     target = AutoModelForCausalLM.from_pretrained(PAIR / "target", dtype=torch.float32, local_files_only=True).eval()
     draft = AutoModelForCausalLM.from_pretrained(PAIR / "draft", dtype=torch.float32, local_files_only=True).eval()
-    from specdec.core.cache import GrowingLayer
-
     calls = []
     for name, model in (("target", target), ("draft", draft)):
         original = model.forward
