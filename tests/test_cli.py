@@ -685,8 +685,9 @@ class TestReadmeSnippet:
 
 @needs_pair
 def test_the_ceilings_costs_are_timed_in_turn_as_the_loop_runs_them(monkeypatch):
-    """c and v come from one interleaved timing: each repeat a target step, round(k) draft steps in a
-    row, then the verify widths either side of k + 1; timed apart, a slow spell hit one part alone."""
+    """c, v and p come from one interleaved timing: each repeat generate's step, round(k) draft steps
+    in a row, then specdec's plain step and the verify widths either side of k + 1; timed apart, a
+    slow spell hit one part alone."""
     from transformers import AutoModelForCausalLM
 
     import specdec.bench
