@@ -22,8 +22,8 @@ length tau = (1 - alpha^(k+1)) / (1 - alpha), so the ideal is tau / (k c + 1). E
 ratio to ``generate``'s one-token step, and the target step of Leviathan's formula is specdec's own
 plain step, p of ``generate``'s (``tau / (k c + p)``): specdec's cache appends in place where
 ``generate``'s concatenates the whole cache each step (``core/cache.py``), and its batched steps
-read packed weights, so at large batches its plain step is the cheaper one (p = 0.74-0.80 at
-batch 64 on the bundled pair on the project's Xeon, 0.95-1.01 at batch 1). A measured speedup above
+read packed weights, so at large batches its plain step is the cheaper one (p = 0.70-0.80 at
+batch 64 on the bundled pair on the project's Xeon, 0.94-1.01 at batch 1). A measured speedup above
 the ideal is not a speedup but timing noise (or a mis-measured c or p): it is flagged as such.
 
 Leviathan's ideal assumes that verifying k + 1 tokens costs one target step; on a CPU, and on a
